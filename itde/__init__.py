@@ -1,0 +1,48 @@
+"""itde: the Transformer solved as an integro-differential equation in depth-time.
+
+Tai, Liu, Li and Chan, "A Mathematical Explanation of Transformers" (SIAM J. Imaging
+Sciences, 2026): self-attention is a nonlocal integral operator discretised by
+quadrature, layer normalisation a projection onto a constraint set, and one Lie
+operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer block.
+"""
+
+from ._attention import Attention
+from ._controls import Block, PiecewiseConstant, stack
+from ._equation import TransformerIDE
+from ._feedforward import FeedForward
+from ._interop import from_torch, to_torch
+from ._layernorm import LayerNormProjection
+from ._quadrature import (
+    RULES,
+    AbstractQuadrature,
+    GaussLegendre,
+    Grid,
+    Midpoint,
+    PeriodicTrapezoid,
+    Simpson,
+    Trapezoid,
+)
+from ._solve import solve
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RULES",
+    "AbstractQuadrature",
+    "Attention",
+    "Block",
+    "FeedForward",
+    "GaussLegendre",
+    "Grid",
+    "LayerNormProjection",
+    "Midpoint",
+    "PeriodicTrapezoid",
+    "PiecewiseConstant",
+    "Simpson",
+    "TransformerIDE",
+    "Trapezoid",
+    "from_torch",
+    "solve",
+    "stack",
+    "to_torch",
+]

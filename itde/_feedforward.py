@@ -1,0 +1,97 @@
+r"""The feed-forward operator: integral operators over the feature domain, with ReLU
+read as the projection onto $S_2 = \{u \ge 0\}$."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._attention import _weighted
+
+Activation = Literal["relu", "gelu", "gelu_tanh"]
+ACTIVATIONS: dict[str, object] = {
+    "relu": jax.nn.relu,  # the projection onto S2 = {u >= 0}
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def check_activation(activation: str) -> str:
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"`activation`={activation!r} is not known; choose one of {sorted(ACTIVATIONS)}."
+        )
+    return activation
+
+
+class FeedForward(eqx.Module):
+    r"""$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\Big(\int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi
+    + b_1(z)\Big)\,dz + b_2(y)$.
+
+    $\rho$ is ReLU — the projection onto $S_2 = \{u \ge 0\}$, the paper's semi-implicit
+    substep — or, as an option, GELU (smooth, for clean high-order convergence studies).
+    The hidden domain $\Omega_z$ may have a different number of nodes from $\Omega_y$
+    (`d_ff != d`). On the unit grid this is PyTorch's `linear2(act(linear1(u)))`.
+    """
+
+    w1: Float[Array, "features hidden"]
+    w2: Float[Array, "hidden features"]
+    b1: Float[Array, " hidden"] | None
+    b2: Float[Array, " features"] | None
+    activation: str = eqx.field(static=True, default="relu")
+
+    def __check_init__(self):
+        check_activation(self.activation)
+        d, dff = self.w1.shape[-2:]
+        if self.w2.shape[-2:] != (dff, d):
+            raise ValueError(
+                f"`FeedForward.w2` has shape {self.w2.shape}, expected {(dff, d)} to match "
+                f"`w1` of shape {self.w1.shape}."
+            )
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        n_features: int,
+        n_hidden: int,
+        *,
+        activation: str = "relu",
+        bias: bool = True,
+        dtype=None,
+    ) -> FeedForward:
+        """Random discrete kernels (uniform $\\pm 1/\\sqrt{\\text{fan-in}}$, as `nn.Linear`)."""
+        dtype = dtype or jnp.zeros(()).dtype
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        a1, a2 = 1 / math.sqrt(n_features), 1 / math.sqrt(n_hidden)
+        u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
+        return cls(
+            w1=u(k1, (n_features, n_hidden), a1),
+            w2=u(k2, (n_hidden, n_features), a2),
+            b1=u(k3, (n_hidden,), a1) if bias else None,
+            b2=u(k4, (n_features,), a2) if bias else None,
+            activation=check_activation(activation),
+        )
+
+    def __call__(
+        self,
+        u: Float[Array, "tokens features"],
+        *,
+        feature_weights: np.ndarray | None = None,
+        hidden_weights: np.ndarray | None = None,
+    ) -> Float[Array, "tokens features"]:
+        dtype = u.dtype
+        act = ACTIVATIONS[self.activation]
+        h = _weighted(u, feature_weights) @ self.w1.astype(dtype)
+        if self.b1 is not None:
+            h = h + self.b1.astype(dtype)
+        out = _weighted(act(h), hidden_weights) @ self.w2.astype(dtype)  # type: ignore[operator]
+        if self.b2 is not None:
+            out = out + self.b2.astype(dtype)
+        return out

@@ -1,0 +1,248 @@
+"""Exact conversion between PyTorch's post-LN Transformer encoder and `TransformerIDE`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._attention import Attention
+from ._controls import Block, PiecewiseConstant, stack
+from ._equation import TransformerIDE
+from ._feedforward import FeedForward
+from ._layernorm import LayerNormProjection
+from ._quadrature import Grid, Midpoint
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "itde.from_torch / itde.to_torch need PyTorch: pip install 'itde[torch]'."
+        ) from e
+    return torch
+
+
+def _np(t) -> np.ndarray | None:
+    return None if t is None else t.detach().cpu().numpy()
+
+
+def _activation_name(layer) -> str:
+    torch = _torch()
+    code = getattr(layer, "activation_relu_or_gelu", 0)
+    if code == 1:
+        return "relu"
+    if code == 2:
+        return "gelu"
+    act = layer.activation
+    if isinstance(act, torch.nn.ReLU):
+        return "relu"
+    if isinstance(act, torch.nn.GELU):
+        return "gelu" if act.approximate == "none" else "gelu_tanh"
+    raise ValueError(
+        f"`module.activation`={act!r} is not supported; use 'relu', 'gelu' or "
+        "nn.GELU(approximate='tanh')."
+    )
+
+
+def _norm(ln) -> LayerNormProjection:
+    w, b = _np(ln.weight), _np(ln.bias)
+    dtype = w.dtype if w is not None else np.float32
+    return LayerNormProjection(
+        jnp.zeros((), dtype),
+        jnp.ones((), dtype),
+        None if w is None else jnp.asarray(w),
+        None if b is None else jnp.asarray(b),
+        float(ln.eps),
+    )
+
+
+def _block(layer) -> Block:
+    if getattr(layer, "norm_first", False):
+        raise ValueError(
+            "`module` is a pre-LN layer (norm_first=True), which is not the paper's scheme "
+            "(LayerNorm after each residual). Build it with norm_first=False."
+        )
+    mha = layer.self_attn
+    if not mha._qkv_same_embed_dim:
+        raise ValueError("`module.self_attn` with kdim/vdim different from d_model is not supported.")
+    d, h = mha.embed_dim, mha.num_heads
+    dh = d // h
+    w_in = _np(mha.in_proj_weight)
+    b_in = _np(mha.in_proj_bias)
+    if mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError("`module.self_attn` with add_bias_kv or add_zero_attn is not supported.")
+
+    def heads_in(w):  # torch [d_out, d_in] -> ours [heads, d_in, head_dim]
+        return jnp.asarray(np.ascontiguousarray(w.T.reshape(d, h, dh).transpose(1, 0, 2)))
+
+    def heads_bias(b):
+        return None if b is None else jnp.asarray(b.reshape(h, dh))
+
+    attention = Attention(
+        wq=heads_in(w_in[:d]),
+        wk=heads_in(w_in[d : 2 * d]),
+        wv=heads_in(w_in[2 * d :]),
+        wo=jnp.asarray(np.ascontiguousarray(_np(mha.out_proj.weight).T.reshape(h, dh, d))),
+        bq=None if b_in is None else heads_bias(b_in[:d]),
+        bk=None if b_in is None else heads_bias(b_in[d : 2 * d]),
+        bv=None if b_in is None else heads_bias(b_in[2 * d :]),
+        bo=None if mha.out_proj.bias is None else jnp.asarray(_np(mha.out_proj.bias)),
+    )
+    l1, l2 = layer.linear1, layer.linear2
+    feedforward = FeedForward(
+        w1=jnp.asarray(np.ascontiguousarray(_np(l1.weight).T)),
+        w2=jnp.asarray(np.ascontiguousarray(_np(l2.weight).T)),
+        b1=None if l1.bias is None else jnp.asarray(_np(l1.bias)),
+        b2=None if l2.bias is None else jnp.asarray(_np(l2.bias)),
+        activation=_activation_name(layer),
+    )
+    return Block(attention, _norm(layer.norm1), feedforward, _norm(layer.norm2))
+
+
+def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual") -> TransformerIDE:
+    """Convert a PyTorch post-LN encoder into an equivalent `TransformerIDE`.
+
+    `module` is an `nn.TransformerEncoderLayer` or an `nn.TransformerEncoder` (post-LN,
+    either `batch_first`, ReLU or GELU, any `nhead`, `dim_feedforward`,
+    `layer_norm_eps`, with or without biases, with or without a final `norm`). The
+    returned model `m` acts on one sequence `[tokens, d_model]`; `m(x)` equals the
+    module's output in eval mode (dropout off) to round-off, and `jax.vmap(m)` equals it
+    on a batch. Pass `causal=True` to reproduce the module called with a square causal
+    `mask` (or `is_causal=True`). Parameters keep PyTorch's dtype.
+    """
+    torch = _torch()
+    norm = None
+    if isinstance(module, torch.nn.TransformerEncoder):
+        layers = list(module.layers)
+        if getattr(module, "norm", None) is not None:
+            norm = _norm(module.norm)
+    elif isinstance(module, torch.nn.TransformerEncoderLayer):
+        layers = [module]
+    else:
+        raise TypeError(
+            "`module` must be a torch.nn.TransformerEncoderLayer or TransformerEncoder, got "
+            f"{type(module).__name__}."
+        )
+    blocks = [_block(layer) for layer in layers]
+    d = blocks[0].attention.n_features
+    return TransformerIDE(
+        PiecewiseConstant(stack(blocks)),
+        Grid.unit(d),
+        causal=causal,
+        ffn_form=ffn_form,
+        final_norm=norm,
+    )
+
+
+def _torch_norm(norm: LayerNormProjection, d: int, bias: bool, dtype):
+    torch = _torch()
+    ln = torch.nn.LayerNorm(d, eps=norm.eps, bias=bias, dtype=dtype)
+    g = np.ones(d) if norm.gain is None else np.asarray(norm.gain, dtype=np.float64)
+    s1, s2 = float(norm.sigma1), float(norm.sigma2)
+    shift = np.zeros(d) if norm.shift is None else np.asarray(norm.shift, dtype=np.float64)
+    with torch.no_grad():
+        ln.weight.copy_(torch.as_tensor(s2 * g))
+        if bias:
+            ln.bias.copy_(torch.as_tensor(s1 * g + shift))
+    return ln
+
+
+def to_torch(model: TransformerIDE, *, batch_first: bool = True):
+    """The `nn.TransformerEncoder` (post-LN, eval mode) equal to a discrete `TransformerIDE`.
+
+    Needs the unit grid (the standard Transformer's), piecewise-constant controls of
+    width 1 and the residual feed-forward form (the relaxation form only when
+    $\\varepsilon = 0$, where the two agree). A causal model's module must be called with
+    a causal mask, as PyTorch's own API requires.
+    """
+    torch = _torch()
+    d = model.n_features
+    if not (
+        isinstance(model.grid.tokens, Midpoint)
+        and model.grid.tokens.interval is None
+        and model.grid.features.is_unit(d)
+    ):
+        raise ValueError(
+            "`to_torch(model)` needs the unit grid (Grid.unit(d)); resample the model onto "
+            "it first."
+        )
+    v = model.controls.values
+    eps = v.norm1.eps
+    if model.ffn_form == "relaxation" and eps > 0:
+        raise ValueError(
+            "`to_torch(model)`: the relaxation form with eps > 0 has no PyTorch equivalent; "
+            "use ffn_form='residual' or eps=0."
+        )
+    if v.norm2.eps != eps:
+        raise ValueError("`to_torch(model)`: both LayerNorms of a layer must share eps.")
+    att, ff = v.attention, v.feedforward
+    dtype = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}[
+        np.dtype(att.wq.dtype)
+    ]
+    s1 = np.concatenate([np.ravel(v.norm1.sigma1), np.ravel(v.norm2.sigma1)])
+    bias = not (
+        all(b is None for b in (att.bq, att.bk, att.bv, att.bo, ff.b1, ff.b2))
+        and v.norm1.shift is None
+        and v.norm2.shift is None
+        and np.all(s1 == 0)
+    )
+    h, dh = att.n_heads, att.head_dim
+    layer = torch.nn.TransformerEncoderLayer(
+        d,
+        h,
+        dim_feedforward=ff.w1.shape[-1],
+        dropout=0.0,
+        activation={"relu": "relu", "gelu": "gelu"}.get(ff.activation)
+        or torch.nn.GELU(approximate="tanh"),
+        layer_norm_eps=eps,
+        batch_first=batch_first,
+        norm_first=False,
+        bias=bias,
+        dtype=dtype,
+    )
+    final = None
+    if model.final_norm is not None:
+        fn = model.final_norm
+        final = _torch_norm(fn, d, fn.shift is not None or float(fn.sigma1) != 0, dtype)
+    enc = torch.nn.TransformerEncoder(
+        layer, model.n_layers, norm=final, enable_nested_tensor=False
+    )
+
+    with torch.no_grad():
+        for n, tl in enumerate(enc.layers):
+            b = model.controls.layer(n)
+            a = b.attention
+            w_in = np.concatenate(
+                [np.array(w).transpose(1, 0, 2).reshape(d, d).T for w in (a.wq, a.wk, a.wv)]
+            )
+            tl.self_attn.in_proj_weight.copy_(torch.as_tensor(w_in))
+            tl.self_attn.out_proj.weight.copy_(
+                torch.as_tensor(np.array(a.wo).reshape(h * dh, d).T)
+            )
+            if bias:
+                zero = np.zeros((h, dh))
+                b_in = np.concatenate(
+                    [np.ravel(zero if x is None else np.array(x)) for x in (a.bq, a.bk, a.bv)]
+                )
+                tl.self_attn.in_proj_bias.copy_(torch.as_tensor(b_in))
+                tl.self_attn.out_proj.bias.copy_(
+                    torch.as_tensor(np.zeros(d) if a.bo is None else np.array(a.bo))
+                )
+            f = b.feedforward
+            tl.linear1.weight.copy_(torch.as_tensor(np.array(f.w1).T))
+            tl.linear2.weight.copy_(torch.as_tensor(np.array(f.w2).T))
+            if bias:
+                tl.linear1.bias.copy_(
+                    torch.as_tensor(np.zeros(f.w1.shape[-1]) if f.b1 is None else np.array(f.b1))
+                )
+                tl.linear2.bias.copy_(
+                    torch.as_tensor(np.zeros(d) if f.b2 is None else np.array(f.b2))
+                )
+            for name, norm in (("norm1", b.norm1), ("norm2", b.norm2)):
+                src = _torch_norm(norm, d, bias, dtype)
+                getattr(tl, name).load_state_dict(src.state_dict())
+    enc.eval()
+    return enc

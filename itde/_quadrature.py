@@ -1,0 +1,228 @@
+r"""Quadrature rules on an interval, and the token × feature grid built from two of them.
+
+A rule turns a number of nodes $N$ into nodes $x_k$ and positive weights $w_k$ with
+$\int_a^b g \approx \sum_k w_k g(x_k)$. Nodes and weights are computed in float64 NumPy
+at trace time (they depend only on the static $N$) and cast to the state's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import numpy as np
+
+
+def _check_interval(name: str, interval) -> tuple[float, float] | None:
+    if interval is None:
+        return None
+    try:
+        a, b = (float(v) for v in interval)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"`{name}(interval=...)` must be a pair of numbers (a, b) or None, got {interval!r}."
+        ) from None
+    if not (math.isfinite(a) and math.isfinite(b) and b > a):
+        raise ValueError(
+            f"`{name}(interval=...)` must be finite with b > a, got {interval!r}; "
+            "swap the ends or give a non-empty interval."
+        )
+    return (a, b)
+
+
+class AbstractQuadrature(eqx.Module):
+    r"""A quadrature rule on an interval $[a, b]$, for any number of nodes.
+
+    `interval=None` means the unit-spacing interval $[0, N]$ for $N$ nodes, the grid on
+    which the discrete Transformer lives (every weight is 1 for the midpoint rule).
+    """
+
+    interval: tuple[float, float] | None = eqx.field(default=None, static=True)
+
+    name: ClassVar[str] = "abstract"
+    order: ClassVar[float] = 0.0  # global order for smooth integrands; inf = geometric
+    min_nodes: ClassVar[int] = 1
+
+    def __check_init__(self):
+        _check_interval(type(self).__name__, self.interval)
+
+    def bounds(self, n: int) -> tuple[float, float]:
+        if self.interval is None:
+            return (0.0, float(n))
+        return self.interval
+
+    def length(self, n: int) -> float:
+        a, b = self.bounds(n)
+        return b - a
+
+    def _check_n(self, n) -> int:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"number of nodes `n` must be an int, got {n!r}.")
+        n = int(n)
+        if n < self.min_nodes:
+            raise ValueError(
+                f"`{type(self).__name__}` needs n >= {self.min_nodes} nodes, got n={n}."
+            )
+        return n
+
+    def nodes_weights(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Nodes and weights (float64 NumPy arrays of shape `[n]`) on the interval."""
+        n = self._check_n(n)
+        a, b = self.bounds(n)
+        x, w = self._reference(n)  # on [0, 1]
+        return a + (b - a) * x, (b - a) * w
+
+    def _reference(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError  # pragma: no cover - every final rule overrides it
+
+    def is_unit(self, n: int) -> bool:
+        """True when every weight is exactly 1 (the standard Transformer's grid)."""
+        _, w = self.nodes_weights(n)
+        return bool(np.all(w == 1.0))
+
+
+class Midpoint(AbstractQuadrature):
+    r"""Composite midpoint rule: $N$ cells of width $h$, one node at each centre.
+
+    Order 2 for $C^2$ integrands. With `interval=None` the width is 1 and every weight
+    is 1: the standard Transformer's sum over tokens or features.
+    """
+
+    name: ClassVar[str] = "midpoint"
+    order: ClassVar[float] = 2.0
+
+    def _reference(self, n):
+        h = 1.0 / n
+        return (np.arange(n) + 0.5) * h, np.full(n, h)
+
+
+class Trapezoid(AbstractQuadrature):
+    r"""Composite trapezoid rule on $N \ge 2$ equispaced nodes including both ends.
+
+    Order 2 for $C^2$ integrands; exact for polynomials of degree 1.
+    """
+
+    name: ClassVar[str] = "trapezoid"
+    order: ClassVar[float] = 2.0
+    min_nodes: ClassVar[int] = 2
+
+    def _reference(self, n):
+        h = 1.0 / (n - 1)
+        w = np.full(n, h)
+        w[0] = w[-1] = h / 2
+        return np.linspace(0.0, 1.0, n), w
+
+
+class Simpson(AbstractQuadrature):
+    r"""Composite Simpson rule on an odd number $N \ge 3$ of equispaced nodes.
+
+    Order 4 for $C^4$ integrands; exact for polynomials of degree 3.
+    """
+
+    name: ClassVar[str] = "simpson"
+    order: ClassVar[float] = 4.0
+    min_nodes: ClassVar[int] = 3
+
+    def _check_n(self, n):
+        n = super()._check_n(n)
+        if n % 2 == 0:
+            raise ValueError(
+                f"`Simpson` needs an odd number of nodes, got n={n}; use n={n + 1}."
+            )
+        return n
+
+    def _reference(self, n):
+        h = 1.0 / (n - 1)
+        w = np.full(n, 2.0)
+        w[1::2] = 4.0
+        w[0] = w[-1] = 1.0
+        return np.linspace(0.0, 1.0, n), w * h / 3
+
+
+class GaussLegendre(AbstractQuadrature):
+    r"""Gauss–Legendre rule with $N$ nodes inside the interval.
+
+    Exact for polynomials of degree $2N - 1$; geometric convergence for analytic
+    integrands.
+    """
+
+    name: ClassVar[str] = "gauss-legendre"
+    order: ClassVar[float] = math.inf
+
+    def _reference(self, n):
+        x, w = np.polynomial.legendre.leggauss(n)
+        return (x + 1) / 2, w / 2
+
+
+class PeriodicTrapezoid(AbstractQuadrature):
+    r"""Trapezoid rule for periodic integrands: $N$ equispaced nodes $a + k h$, $h = L/N$.
+
+    Exact for trigonometric polynomials of degree $< N$; geometric convergence for
+    analytic periodic integrands (order 2 only for non-periodic ones).
+    """
+
+    name: ClassVar[str] = "periodic-trapezoid"
+    order: ClassVar[float] = math.inf
+
+    def _reference(self, n):
+        return np.arange(n) / n, np.full(n, 1.0 / n)
+
+
+RULES: dict[str, type[AbstractQuadrature]] = {
+    cls.name: cls for cls in (Midpoint, Trapezoid, Simpson, GaussLegendre, PeriodicTrapezoid)
+}
+
+
+def check_weights(name: str, weights: np.ndarray) -> np.ndarray:
+    """Reject non-finite or non-positive quadrature weights, naming the argument."""
+    w = np.asarray(weights, dtype=np.float64)
+    bad = ~np.isfinite(w) | (w <= 0)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"`{name}` must hold finite positive quadrature weights; entry {i} is {w[i]!r}. "
+            "Use a rule with positive weights (midpoint, trapezoid, Simpson, "
+            "Gauss-Legendre, periodic trapezoid)."
+        )
+    return w
+
+
+class Grid(eqx.Module):
+    r"""A token × feature grid: nodes and weights on $\Omega_x$ and on $\Omega_y$.
+
+    **Arguments:**
+
+    - `tokens`: the rule on the token domain $\Omega_x$ (its number of nodes is taken
+      from the state at call time).
+    - `features`: the rule on the feature domain $\Omega_y$.
+    - `n_features`: the number of feature nodes $N_y$ (the model width).
+    """
+
+    tokens: AbstractQuadrature
+    features: AbstractQuadrature
+    n_features: int = eqx.field(static=True)
+
+    def __check_init__(self):
+        for name in ("tokens", "features"):
+            rule = getattr(self, name)
+            if not isinstance(rule, AbstractQuadrature):
+                raise TypeError(
+                    f"`Grid({name}=...)` must be a quadrature rule such as `Midpoint()`, "
+                    f"got {rule!r}."
+                )
+        self.features.nodes_weights(self.n_features)  # validates n for the rule
+
+    @classmethod
+    def unit(cls, n_features: int) -> Grid:
+        """The standard Transformer's grid: unit-spacing midpoint in tokens and features."""
+        return cls(Midpoint(), Midpoint(), n_features)
+
+    def feature_weights(self) -> np.ndarray:
+        return check_weights("feature weights", self.features.nodes_weights(self.n_features)[1])
+
+    def token_weights(self, n_tokens: int) -> np.ndarray:
+        return check_weights("token weights", self.tokens.nodes_weights(n_tokens)[1])
+
+    def feature_length(self) -> float:
+        return self.features.length(self.n_features)

@@ -1,0 +1,110 @@
+"""One entry point for solving the equation: `itde.solve`."""
+
+from __future__ import annotations
+
+import math
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from solvers import LieTrotter
+
+from ._equation import TransformerIDE
+
+
+def fixed_steps(t0: float, t1: float, dt0: float) -> np.ndarray:
+    """The step times of a fixed-step solve, ending exactly at `t1` (float64 NumPy)."""
+    n = max(1, math.ceil((t1 - t0) / dt0 - 1e-9))
+    ts = t0 + dt0 * np.arange(n + 1, dtype=np.float64)
+    ts[-1] = t1
+    return ts
+
+
+def solve(
+    model: TransformerIDE,
+    u0,
+    *,
+    t1: float | None = None,
+    solver: diffrax.AbstractSolver | None = None,
+    dt0: float | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    saveat: diffrax.SaveAt | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    max_steps: int | None = None,
+    progress_meter: diffrax.AbstractProgressMeter | None = None,
+    terms=None,
+) -> diffrax.Solution:
+    r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
+
+    Defaults give the paper's scheme: `LieTrotter` splitting with $\Delta t$ equal to the
+    layer width (1 for the standard Transformer) from $t_0$ to the model's depth, saving
+    the final state. Fixed steps are taken with `diffrax.StepTo` on the exact grid
+    $t_0, t_0 + \Delta t, \dots, t_1$ (the last step shortened if $\Delta t$ does not
+    divide $t_1 - t_0$) and `max_steps` set to the number of steps, so reverse-mode
+    memory is sized exactly.
+
+    **Arguments:**
+
+    - `model`: a [`TransformerIDE`][itde.TransformerIDE].
+    - `u0`: one initial state `[tokens, features]` (vmap for a batch).
+    - `t1`: final depth (default `model.depth`).
+    - `solver`: any diffrax solver whose terms fit the model's `SplitTerm` (default
+      `LieTrotter()`).
+    - `dt0`: the depth step (fixed-step solves; default the layer width).
+    - `stepsize_controller`: e.g. `diffrax.PIDController(...)` for adaptive solves; then
+      `dt0` is the initial step (or None to let diffrax choose).
+    - `saveat`, `adjoint`, `max_steps`, `progress_meter`: as in `diffrax.diffeqsolve`
+      (defaults: final state, `RecursiveCheckpointAdjoint`, exact step count or 4096).
+    - `terms`: the terms to integrate (default `model.terms()`).
+    """
+    if not isinstance(model, TransformerIDE):
+        raise TypeError(f"`model` must be an itde.TransformerIDE, got {type(model).__name__}.")
+    model.check_state(u0, "u0")
+    t0 = float(model.controls.t0)
+    t1 = float(model.depth if t1 is None else t1)
+    if not math.isfinite(t1) or t1 <= t0:
+        raise ValueError(
+            f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, "
+            f"e.g. t1={model.depth} (the number of layers)."
+        )
+    if dt0 is not None and not (math.isfinite(float(dt0)) and float(dt0) > 0):
+        raise ValueError(
+            f"`dt0`={dt0} must be a positive finite depth step, e.g. dt0=1.0 (one layer per "
+            "step) or dt0=0.1."
+        )
+    solver = LieTrotter() if solver is None else solver
+    saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
+    adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
+    terms = model.terms() if terms is None else terms
+    if stepsize_controller is None:
+        dt = float(model.controls.width if dt0 is None else dt0)
+        ts = fixed_steps(t0, t1, dt)
+        controller = diffrax.StepTo(ts=jnp.asarray(ts))
+        first_dt = None
+        steps = len(ts) - 1 if max_steps is None else max_steps
+    else:
+        controller = stepsize_controller
+        first_dt = None if dt0 is None else float(dt0)
+        steps = 4096 if max_steps is None else max_steps
+    u0 = eqx.error_if(
+        u0,
+        ~jnp.all(jnp.isfinite(u0)),
+        "itde.solve: the initial state `u0` has a NaN or infinite entry; check the "
+        "embedding or the data that produced it.",
+    )
+    kwargs = {} if progress_meter is None else {"progress_meter": progress_meter}
+    return diffrax.diffeqsolve(
+        terms,
+        solver,
+        t0=t0,
+        t1=t1,
+        dt0=first_dt,
+        y0=u0,
+        saveat=saveat,
+        stepsize_controller=controller,
+        adjoint=adjoint,
+        max_steps=steps,
+        **kwargs,
+    )
