@@ -49,7 +49,9 @@ class Block(eqx.Module):
         return cls(
             Attention.init(ka, n_features, n_heads, bias=bias, dtype=dtype),
             norm(),
-            FeedForward.init(kf, n_features, n_hidden, activation=activation, bias=bias, dtype=dtype),
+            FeedForward.init(
+                kf, n_features, n_hidden, activation=activation, bias=bias, dtype=dtype
+            ),
             norm(),
         )
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from solvers import LieTrotter, ProjectionTerm, SplitTerm
+from solvers import ProjectionTerm, SplitTerm
 
 from ._attention import check_heads
 from ._controls import Block, PiecewiseConstant, stack
@@ -218,11 +218,13 @@ class TransformerIDE(eqx.Module):
             u = self.final_norm(u, self._feature_weights())
         return u
 
-    def trajectory(self, u0: Float[Array, "tokens features"]) -> Float[Array, "layers1 tokens features"]:
+    def trajectory(
+        self, u0: Float[Array, "tokens features"]
+    ) -> Float[Array, "layers1 tokens features"]:
         """The state after every layer: `[n_layers + 1, tokens, features]`, $u(t_n)$."""
         from ._solve import solve
 
-        ts = jnp.arange(self.n_layers + 1, dtype=float) * self.controls.width + self.controls.t0
+        ts = jnp.arange(self.n_layers + 1, dtype=u0.dtype) * self.controls.width + self.controls.t0
         sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts))
         assert sol.ys is not None
         return sol.ys

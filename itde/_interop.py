@@ -67,7 +67,9 @@ def _block(layer) -> Block:
         )
     mha = layer.self_attn
     if not mha._qkv_same_embed_dim:
-        raise ValueError("`module.self_attn` with kdim/vdim different from d_model is not supported.")
+        raise ValueError(
+            "`module.self_attn` with kdim/vdim different from d_model is not supported."
+        )
     d, h = mha.embed_dim, mha.num_heads
     dh = d // h
     w_in = _np(mha.in_proj_weight)
@@ -207,9 +209,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
     if model.final_norm is not None:
         fn = model.final_norm
         final = _torch_norm(fn, d, fn.shift is not None or float(fn.sigma1) != 0, dtype)
-    enc = torch.nn.TransformerEncoder(
-        layer, model.n_layers, norm=final, enable_nested_tensor=False
-    )
+    enc = torch.nn.TransformerEncoder(layer, model.n_layers, norm=final, enable_nested_tensor=False)
 
     with torch.no_grad():
         for n, tl in enumerate(enc.layers):
@@ -219,9 +219,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
                 [np.array(w).transpose(1, 0, 2).reshape(d, d).T for w in (a.wq, a.wk, a.wv)]
             )
             tl.self_attn.in_proj_weight.copy_(torch.as_tensor(w_in))
-            tl.self_attn.out_proj.weight.copy_(
-                torch.as_tensor(np.array(a.wo).reshape(h * dh, d).T)
-            )
+            tl.self_attn.out_proj.weight.copy_(torch.as_tensor(np.array(a.wo).reshape(h * dh, d).T))
             if bias:
                 zero = np.zeros((h, dh))
                 b_in = np.concatenate(

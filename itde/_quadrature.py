@@ -127,9 +127,7 @@ class Simpson(AbstractQuadrature):
     def _check_n(self, n):
         n = super()._check_n(n)
         if n % 2 == 0:
-            raise ValueError(
-                f"`Simpson` needs an odd number of nodes, got n={n}; use n={n + 1}."
-            )
+            raise ValueError(f"`Simpson` needs an odd number of nodes, got n={n}; use n={n + 1}.")
         return n
 
     def _reference(self, n):

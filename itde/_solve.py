@@ -78,10 +78,12 @@ def solve(
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     terms = model.terms() if terms is None else terms
+    # diffrax promotes the state to the dtype of the times: keep the state's precision.
+    tdtype = u0.dtype
     if stepsize_controller is None:
         dt = float(model.controls.width if dt0 is None else dt0)
         ts = fixed_steps(t0, t1, dt)
-        controller = diffrax.StepTo(ts=jnp.asarray(ts))
+        controller = diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype))
         first_dt = None
         steps = len(ts) - 1 if max_steps is None else max_steps
     else:
@@ -98,9 +100,9 @@ def solve(
     return diffrax.diffeqsolve(
         terms,
         solver,
-        t0=t0,
-        t1=t1,
-        dt0=first_dt,
+        t0=jnp.asarray(t0, tdtype),
+        t1=jnp.asarray(t1, tdtype),
+        dt0=None if first_dt is None else jnp.asarray(first_dt, tdtype),
         y0=u0,
         saveat=saveat,
         stepsize_controller=controller,

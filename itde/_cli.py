@@ -1,0 +1,121 @@
+"""The `itde` command line: experiments configured by TOML files read at the edge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import _config
+
+
+def _build_solve(cfg: _config.SolveExperiment):
+    import jax
+
+    from ._equation import TransformerIDE
+    from ._quadrature import RULES, Grid
+
+    g = cfg.grid
+    grid = Grid(
+        RULES[g.tokens](interval=g.token_interval),
+        RULES[g.features](interval=g.feature_interval),
+        cfg.model.n_features,
+    )
+    m = cfg.model
+    return TransformerIDE.init(
+        jax.random.key(m.seed),
+        n_layers=m.n_layers,
+        n_features=m.n_features,
+        n_heads=m.n_heads,
+        n_hidden=m.n_hidden,
+        activation=m.activation,
+        eps=m.eps,
+        bias=m.bias,
+        causal=m.causal,
+        ffn_form=m.ffn_form,
+        grid=grid,
+    )
+
+
+def cmd_solve(args) -> int:
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from solvers import LieTrotter
+
+    from ._layernorm import feature_mean
+    from ._plot import plot_trajectory
+    from ._solve import solve
+
+    cfg = (
+        _config.load(_config.SolveExperiment, args.config)
+        if args.config
+        else _config.SolveExperiment()
+    )
+    source = args.config or "<built-in default>"
+    try:
+        model = _build_solve(cfg)
+    except ValueError as e:
+        raise _config.ConfigError(f"{source}: {e}") from None
+    out = Path(args.out or cfg.solve.out)
+    u0 = jax.random.normal(jax.random.key(cfg.solve.seed), (cfg.solve.n_tokens, model.n_features))
+    ts = jnp.arange(model.n_layers + 1, dtype=u0.dtype)
+    run = jax.jit(
+        lambda m, u: (
+            solve(m, u, solver=LieTrotter(), dt0=cfg.solve.dt, saveat=diffrax.SaveAt(ts=ts)).ys
+        )
+    )
+    ys = np.asarray(run(model, u0))
+    fw = model._feature_weights()
+    norms = np.sqrt(np.asarray(feature_mean(jnp.asarray(ys) ** 2, fw)))[
+        ..., 0
+    ]  # [layers+1, tokens]
+    rows = []
+    print(
+        f"itde solve: {model.n_layers} layers, {cfg.solve.n_tokens} tokens x "
+        f"{model.n_features} features, dt={cfg.solve.dt} ({source})"
+    )
+    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'mean resid':>11} {'var resid':>11}")
+    for n in range(model.n_layers + 1):
+        if n == 0:
+            rm = rv = float("nan")
+        else:
+            norm = model.controls.layer(n - 1).norm2
+            rm, rv = (float(r) for r in norm.residuals(jnp.asarray(ys[n]), fw))
+        rows.append(
+            {
+                "layer": n,
+                "t": float(ts[n]),
+                "token_mean_norm": float(norms[n].mean()),
+                "mean_residual": rm,
+                "var_residual": rv,
+            }
+        )
+        print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {rm:>11.2e} {rv:>11.2e}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"config": source, "layers": rows}, indent=2))
+    png = plot_trajectory(norms, np.asarray(ts), out / "trajectory.png")
+    print(f"wrote {out / 'summary.json'} and {png}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="itde", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("solve", help="solve the Transformer IDE for a random model and state")
+    p.add_argument("--config", help="TOML file (default: the built-in default config)")
+    p.add_argument("--out", help="output directory (default: [solve].out of the config)")
+    p.set_defaults(func=cmd_solve)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except _config.ConfigError as e:
+        print(f"itde: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

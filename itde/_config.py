@@ -1,0 +1,202 @@
+"""Typed experiment configuration, read once from TOML at the edge (the CLI).
+
+Each section of a TOML file maps onto a frozen dataclass; an unknown key, a value of
+the wrong type or an impossible value raises `ConfigError` naming the key and the
+file. Library constructors never read files: the CLI turns these objects into
+explicit arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+import tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration file holds an unknown key, a wrong type or an impossible value."""
+
+
+T = TypeVar("T")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp, key: str):
+    """Check `value` against the annotation `tp` (at dotted `key`); ints pass for floats."""
+    where = f"`{key}`"
+    origin = get_origin(tp)
+    if origin is typing.Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where} must be one of {list(choices)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(get_args(tp)):
+            return None
+        errors = []
+        for a in args:
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin in (list, tuple):
+        (inner, *_) = get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table [{key}], got {value!r}")
+        return _build(tp, value, key)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config annotation {_type_name(tp)} at {where}")
+
+
+def _build(cls: type[T], table: dict, prefix: str) -> T:
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(table) - fields)
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"unknown key `{key}`; known keys here: {sorted(fields)}")
+    kwargs = {}
+    for name, value in table.items():
+        kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in [{prefix}])" if prefix else str(e)) from None
+
+
+def from_dict(cls: type[T], table: dict, source: str = "<dict>") -> T:
+    """Build a config dataclass from a nested dict, naming `source` in every error."""
+    try:
+        return _build(cls, table, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load(cls: type[T], path: str | Path) -> T:
+    """Read a TOML file into the config dataclass `cls`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"config file {str(path)!r} does not exist; give --config PATH to a TOML file"
+        )
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    return from_dict(cls, table, str(path))
+
+
+def positive(name: str, value):
+    """Raise `ConfigError` unless `value` is a positive finite number."""
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"`{name}` must be positive, got {value!r}")
+
+
+# ---------------------------------------------------------------------------- schemas
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A model with random discrete per-layer controls (the `[model]` table)."""
+
+    n_layers: int = 6
+    n_features: int = 32
+    n_heads: int = 4
+    n_hidden: int = 64
+    activation: typing.Literal["relu", "gelu", "gelu_tanh"] = "relu"
+    eps: float = 0.0
+    bias: bool = True
+    causal: bool = False
+    ffn_form: typing.Literal["residual", "relaxation"] = "residual"
+    seed: int = 0
+    # eps = 0 is the paper's exact projection; with eps > 0 the variance residual printed
+    # by `itde solve` is about eps (LayerNorm lands inside the sphere by var/(var+eps)).
+
+    def __post_init__(self):
+        for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
+            positive(f"model.{name}", getattr(self, name))
+        if self.n_features % self.n_heads:
+            raise ConfigError(
+                f"`model.n_heads`={self.n_heads} does not divide `model.n_features`="
+                f"{self.n_features}"
+            )
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ConfigError(f"`model.eps` must be >= 0, got {self.eps!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GridConfig:
+    """Quadrature rules for tokens and features (the `[grid]` table); names as in
+    `itde.RULES`. `token_interval` = [a, b], or omitted for unit spacing."""
+
+    tokens: str = "midpoint"
+    features: str = "midpoint"
+    token_interval: tuple[float, ...] | None = None
+    feature_interval: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        from ._quadrature import RULES
+
+        for name in ("tokens", "features"):
+            if getattr(self, name) not in RULES:
+                raise ConfigError(
+                    f"`grid.{name}`={getattr(self, name)!r} is not a quadrature rule; choose "
+                    f"one of {sorted(RULES)}"
+                )
+        for name in ("token_interval", "feature_interval"):
+            iv = getattr(self, name)
+            if iv is not None and (len(iv) != 2 or not iv[1] > iv[0]):
+                raise ConfigError(f"`grid.{name}` must be [a, b] with b > a, got {list(iv)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveConfig:
+    """What `itde solve` integrates and where it writes (the `[solve]` table)."""
+
+    n_tokens: int = 16
+    seed: int = 1
+    dt: float = 1.0
+    out: str = "runs/solve"
+
+    def __post_init__(self):
+        positive("solve.n_tokens", self.n_tokens)
+        positive("solve.dt", self.dt)
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveExperiment:
+    """The config of `itde solve`."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    grid: GridConfig = dataclasses.field(default_factory=GridConfig)
+    solve: SolveConfig = dataclasses.field(default_factory=SolveConfig)

@@ -1,0 +1,137 @@
+"""The continuous operators: attention as an integral operator, LayerNorm as a projection."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import itde
+
+
+def _attention(key, d=12, h=3, bias=True):
+    att = itde.Attention.init(key, d, h, bias=bias)
+    if bias:  # non-zero biases
+        att = eqx.tree_at(
+            lambda a: (a.bq, a.bk, a.bv, a.bo),
+            att,
+            tuple(
+                0.3 * jax.random.normal(k, x.shape)
+                for k, x in zip(jax.random.split(key, 4), (att.bq, att.bk, att.bv, att.bo))
+            ),
+        )
+    return att
+
+
+def _reference_attention(att, u, fw, tw, causal):
+    """The integral operator written out directly with NumPy (independent of the code)."""
+    u, fw, tw = (np.asarray(a, np.float64) for a in (u, fw, tw))
+    H, d, dh = att.wq.shape
+    out = np.zeros_like(u)
+    for m in range(H):
+        Q = (u * fw) @ np.asarray(att.wq[m]) + np.asarray(att.bq[m])
+        K = (u * fw) @ np.asarray(att.wk[m]) + np.asarray(att.bk[m])
+        V = (u * fw) @ np.asarray(att.wv[m]) + np.asarray(att.bv[m])
+        s = Q @ K.T / math.sqrt(dh)
+        for k in range(u.shape[0]):
+            mask = np.arange(u.shape[0]) <= k if causal else np.ones(u.shape[0], bool)
+            e = np.exp(s[k] - s[k].max()) * tw * mask
+            out[k] += (e @ V) / e.sum() @ np.asarray(att.wo[m])
+    return out + np.asarray(att.bo)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_is_the_quadrature_of_the_integral_operator(causal):
+    key = jax.random.key(0)
+    att = _attention(key)
+    u = jax.random.normal(jax.random.key(1), (9, 12))
+    fw = np.linspace(0.5, 1.5, 12)
+    tw = np.linspace(0.2, 2.0, 9)
+    got = att(u, feature_weights=fw, token_log_weights=jnp.log(tw), causal=causal)
+    ref = _reference_attention(att, u, fw, tw, causal)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spacing", [1e-3, 0.37, 5.0])
+def test_uniform_token_spacing_cancels(spacing):
+    att = _attention(jax.random.key(2))
+    u = jax.random.normal(jax.random.key(3), (10, 12))
+    base = att(u)
+    scaled = att(u, token_log_weights=jnp.full((10,), math.log(spacing)))
+    np.testing.assert_allclose(np.asarray(scaled), np.asarray(base), rtol=1e-13, atol=1e-13)
+
+
+def test_causal_output_does_not_see_the_future():
+    att = _attention(jax.random.key(4))
+    u = jax.random.normal(jax.random.key(5), (8, 12))
+    v = u.at[5:].set(jax.random.normal(jax.random.key(6), (3, 12)))
+    a, b = att(u, causal=True), att(v, causal=True)
+    np.testing.assert_allclose(np.asarray(a[:5]), np.asarray(b[:5]), atol=1e-14)
+    assert np.max(np.abs(np.asarray(a[5:] - b[5:]))) > 1e-3
+
+
+def test_multi_head_equals_sum_of_absorbed_value_kernels():
+    """Each head's W^O block absorbed into its value kernel: A = sum_m gamma_m U (Wv_m Wo_m)."""
+    att = _attention(jax.random.key(7), bias=False)
+    u = jax.random.normal(jax.random.key(8), (6, 12))
+    total = 0.0
+    for m in range(att.n_heads):
+        q, k = u @ att.wq[m], u @ att.wk[m]
+        g = jax.nn.softmax(q @ k.T / math.sqrt(att.head_dim), axis=-1)
+        total = total + g @ (u @ (att.wv[m] @ att.wo[m]))
+    np.testing.assert_allclose(np.asarray(att(u)), np.asarray(total), atol=1e-12)
+
+
+# ------------------------------------------------------------------ LayerNorm projection
+@pytest.mark.parametrize("weights", [None, "trapezoid"])
+def test_projection_lands_on_S1(weights):
+    fw = None if weights is None else itde.Trapezoid(interval=(0, 2)).nodes_weights(16)[1]
+    ln = itde.LayerNormProjection(0.7, 1.9, eps=0.0)
+    v = 3.0 * jax.random.normal(jax.random.key(0), (20, 16)) + 2.0
+    p = ln(v, fw)
+    rm, rv = ln.residuals(p, fw)
+    assert float(rm) < 1e-13 and float(rv) < 1e-12
+
+
+def test_projection_is_the_closest_point_of_S1():
+    ln = itde.LayerNormProjection(0.3, 1.4, eps=0.0)
+    v = jax.random.normal(jax.random.key(1), (1, 10)) * 2 + 0.5
+    p = ln(v)
+    d_star = float(jnp.linalg.norm(p - v))
+    # many random points of S1: project random vectors (the projection maps onto S1)
+    others = ln(jax.random.normal(jax.random.key(2), (5000, 10)) * 3)
+    rm, rv = ln.residuals(others)
+    assert float(rm) < 1e-12 and float(rv) < 1e-12  # they are on S1
+    d_others = jnp.linalg.norm(others - v, axis=-1)
+    assert d_star <= float(d_others.min()) + 1e-12
+    # and nearby points on S1 (perturb p along the sphere and re-project) are no closer
+    near = ln(p + 1e-2 * jax.random.normal(jax.random.key(3), (2000, 10)))
+    assert d_star <= float(jnp.linalg.norm(near - v, axis=-1).min()) + 1e-12
+
+
+def test_zero_variance_token_raises_with_eps_zero_and_maps_to_sigma1_with_eps():
+    u = jnp.ones((3, 8)).at[1].set(jnp.arange(8.0))
+    with pytest.raises(Exception, match="zero feature variance"):
+        jax.block_until_ready(itde.LayerNormProjection(0.0, 1.0, eps=0.0)(u))
+    with pytest.raises(Exception, match="zero feature variance"):
+        jax.block_until_ready(eqx.filter_jit(itde.LayerNormProjection(0.0, 1.0, eps=0.0))(u))
+    out = itde.LayerNormProjection(0.25, 1.0, eps=1e-5)(u)
+    assert bool(jnp.all(jnp.isfinite(out)))
+    np.testing.assert_allclose(np.asarray(out[0]), 0.25)
+
+
+def test_bad_eps_rejected():
+    with pytest.raises(ValueError, match="eps"):
+        itde.LayerNormProjection(eps=-1.0)
+
+
+def test_feedforward_relu_is_projection_onto_S2():
+    ff = itde.FeedForward.init(jax.random.key(0), 6, 10, activation="relu")
+    u = jax.random.normal(jax.random.key(1), (4, 6))
+    h = u @ ff.w1 + ff.b1
+    expected = jnp.maximum(h, 0) @ ff.w2 + ff.b2  # P_S2 = max(., 0)
+    np.testing.assert_allclose(np.asarray(ff(u)), np.asarray(expected), atol=1e-14)
+    with pytest.raises(ValueError, match="activation.*'tanh'"):
+        itde.FeedForward.init(jax.random.key(0), 6, 10, activation="tanh")
