@@ -7,7 +7,7 @@ operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer blo
 """
 
 from ._attention import Attention
-from ._controls import Block, PiecewiseConstant, stack
+from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
 from ._feedforward import FeedForward
 from ._interop import from_torch, to_torch
@@ -35,6 +35,7 @@ __all__ = [
     "GaussLegendre",
     "Grid",
     "LayerNormProjection",
+    "LegendreControls",
     "Midpoint",
     "PeriodicTrapezoid",
     "PiecewiseConstant",

@@ -200,3 +200,75 @@ class SolveExperiment:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     grid: GridConfig = dataclasses.field(default_factory=GridConfig)
     solve: SolveConfig = dataclasses.field(default_factory=SolveConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemConfig:
+    """The smooth test problem of the convergence study (the `[problem]` table):
+    random controls that are Legendre series in depth, a moving constraint set."""
+
+    n_tokens: int = 8
+    n_features: int = 12
+    n_heads: int = 2
+    n_hidden: int = 16
+    n_modes: int = 3
+    activation: typing.Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    t1: float = 1.0
+    amplitude: float = 0.3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n_tokens", "n_features", "n_heads", "n_hidden", "n_modes", "t1"):
+            positive(f"problem.{name}", getattr(self, name))
+        if self.n_features % self.n_heads:
+            raise ConfigError(
+                f"`problem.n_heads`={self.n_heads} does not divide `problem.n_features`="
+                f"{self.n_features}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceConfig:
+    """The reference solution (the `[reference]` table): projected Dopri8, adaptive."""
+
+    rtol: float = 1e-12
+    atol: float = 1e-12
+    max_steps: int = 100_000
+
+    def __post_init__(self):
+        positive("reference.rtol", self.rtol)
+        positive("reference.atol", self.atol)
+        positive("reference.max_steps", self.max_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """What is refined and how (the `[study]` table). `steps` are numbers of depth
+    steps over [0, t1]; `schemes` are names in `itde._registry.SCHEMES`."""
+
+    axis: typing.Literal["depth"] = "depth"
+    schemes: tuple[str, ...] = ("lie", "strang", "parallel", "euler", "heun", "rk4", "tsit5")
+    steps: tuple[int, ...] = (4, 8, 16, 32, 64)
+    out: str = "runs/convergence"
+
+    def __post_init__(self):
+        from ._registry import SCHEMES
+
+        for s in self.schemes:
+            if s not in SCHEMES:
+                raise ConfigError(
+                    f"`study.schemes` holds {s!r}, not a scheme; choose from {sorted(SCHEMES)}"
+                )
+        if len(self.steps) < 2 or any(n < 1 for n in self.steps):
+            raise ConfigError(f"`study.steps` needs >= 2 positive step counts, got {self.steps}")
+        if list(self.steps) != sorted(set(self.steps)):
+            raise ConfigError(f"`study.steps` must be strictly increasing, got {self.steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvergeExperiment:
+    """The config of `itde converge`."""
+
+    problem: ProblemConfig = dataclasses.field(default_factory=ProblemConfig)
+    reference: ReferenceConfig = dataclasses.field(default_factory=ReferenceConfig)
+    study: StudyConfig = dataclasses.field(default_factory=StudyConfig)

@@ -96,6 +96,10 @@ class PiecewiseConstant(eqx.Module):
     def t1(self) -> float:
         return self.t0 + self.n_layers * self.width
 
+    @property
+    def n_features(self) -> int:
+        return self.values.attention.wq.shape[-2]
+
     def index(self, t, side: str = "right") -> Float[Array, ""]:
         s = (jnp.asarray(t) - self.t0) / self.width
         # Times within a few ulps of a layer boundary count as on the boundary.
@@ -110,3 +114,105 @@ class PiecewiseConstant(eqx.Module):
 
     def layer(self, n: int) -> Block:
         return jax.tree.map(lambda a: a[n], self.values)
+
+
+def _legendre(s, n_modes: int):
+    """Legendre polynomials $P_0..P_{n-1}$ at $s \\in [-1, 1]$ (three-term recurrence)."""
+    p = [jnp.ones_like(s), s]
+    for k in range(1, n_modes - 1):
+        p.append(((2 * k + 1) * s * p[k] - k * p[k - 1]) / (k + 1))
+    return jnp.stack(p[:n_modes])
+
+
+class LegendreControls(eqx.Module):
+    r"""Controls smooth in depth: every parameter is a Legendre series in $t$,
+    $\theta(t) = \sum_{c<C} \theta_c\, P_c(2 (t - t_0)/(t_1 - t_0) - 1)$.
+
+    The kernels, biases and the constraint set $S_1(\sigma_1(t), \sigma_2(t))$ all move
+    smoothly, so the continuum limit $\Delta t \to 0$ is well posed and the integrators
+    show their orders. The same `TransformerIDE` holds either these or
+    [`PiecewiseConstant`][itde.PiecewiseConstant] controls.
+
+    **Arguments:**
+
+    - `coeffs`: a [`Block`][itde.Block] whose array leaves have a leading mode axis $C$.
+    - `t0`, `t1`: the depth interval on which the series is defined.
+    """
+
+    coeffs: Block
+    t0: float = eqx.field(static=True, default=0.0)
+    t1: float = eqx.field(static=True, default=1.0)
+
+    def __check_init__(self):
+        if not self.t1 > self.t0:
+            raise ValueError(f"`LegendreControls`: need t1 > t0, got t0={self.t0}, t1={self.t1}.")
+
+    @property
+    def n_modes(self) -> int:
+        return int(jax.tree.leaves(self.coeffs)[0].shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return self.coeffs.attention.wq.shape[-2]
+
+    @property
+    def width(self) -> float:
+        return self.t1 - self.t0
+
+    def __call__(self, t, side: str = "right") -> Block:
+        del side  # continuous in t: both one-sided limits agree
+        s = 2.0 * (jnp.asarray(t) - self.t0) / (self.t1 - self.t0) - 1.0
+        p = _legendre(s, self.n_modes)
+        return jax.tree.map(lambda c: jnp.tensordot(p.astype(c.dtype), c, axes=1), self.coeffs)
+
+    @classmethod
+    def from_layers(cls, controls: PiecewiseConstant, n_modes: int | None = None):
+        """Smooth controls through per-layer values: the Legendre series of degree
+        `n_modes - 1` (default: one mode per layer, i.e. interpolation) fitted by least
+        squares to the layer values at the layer midpoints."""
+        L = controls.n_layers
+        n_modes = L if n_modes is None else n_modes
+        if not 1 <= n_modes <= L:
+            raise ValueError(f"`n_modes`={n_modes} must be between 1 and the {L} layers.")
+        t0, t1 = controls.t0, controls.t1
+        mids = t0 + controls.width * (jnp.arange(L) + 0.5)
+        V = _legendre(2.0 * (mids - t0) / (t1 - t0) - 1.0, n_modes).T  # [L, modes]
+        pinv = jnp.linalg.pinv(V)
+
+        def fit(a):
+            return jnp.tensordot(pinv.astype(a.dtype), a, axes=1)
+
+        return cls(jax.tree.map(fit, controls.values), t0, t1)
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        *,
+        n_modes: int,
+        t1: float = 1.0,
+        amplitude: float = 0.3,
+        sigma1: tuple[float, ...] = (0.0, 0.2),
+        sigma2: tuple[float, ...] = (1.0, 0.3),
+        **block_kwargs,
+    ) -> LegendreControls:
+        """Random smooth controls: a random block for mode 0, random blocks scaled by
+        `amplitude / c**2` for modes $c \\ge 1$, and the constraint set moving as the
+        Legendre series with coefficients `sigma1`, `sigma2` (no per-feature affine map,
+        so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$)."""
+        keys = jax.random.split(key, n_modes)
+        blocks = []
+        for c, k in enumerate(keys):
+            b = Block.init(k, **block_kwargs)
+            scale = 1.0 if c == 0 else amplitude / c**2
+            b = jax.tree.map(lambda a: a * scale, b)
+            blocks.append(b)
+        coeffs = stack(blocks)
+
+        def sig(vals):
+            v = jnp.zeros((n_modes,), coeffs.attention.wq.dtype)
+            return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes]))
+
+        norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)
+        coeffs = eqx.tree_at(lambda b: (b.norm1, b.norm2), coeffs, (norm, norm))
+        return cls(coeffs, 0.0, float(t1))

@@ -18,13 +18,16 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from solvers import ProjectionTerm, SplitTerm
 
 from ._attention import check_heads
-from ._controls import Block, PiecewiseConstant, stack
+from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._feedforward import check_activation
-from ._layernorm import LayerNormProjection
+from ._layernorm import LayerNormProjection, feature_mean
 from ._quadrature import Grid
 
 FFNForm = Literal["residual", "relaxation"]
 FFN_FORMS = ("residual", "relaxation")
+TermsKind = Literal["paper", "split", "tangent"]
+TERMS_KINDS = ("paper", "split", "tangent")
+Controls = PiecewiseConstant | LegendreControls
 
 
 def _unit_or(weights: np.ndarray) -> np.ndarray | None:
@@ -46,7 +49,8 @@ class TransformerIDE(eqx.Module):
 
     **Arguments:**
 
-    - `controls`: the per-depth parameters (`PiecewiseConstant` over layer blocks).
+    - `controls`: the per-depth parameters: `PiecewiseConstant` over layer blocks (a
+      discrete Transformer) or `LegendreControls` (smooth in depth).
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
     - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$.
@@ -58,7 +62,7 @@ class TransformerIDE(eqx.Module):
       (`nn.TransformerEncoder(norm=...)`).
     """
 
-    controls: PiecewiseConstant
+    controls: Controls
     grid: Grid
     causal: bool = eqx.field(static=True, default=False)
     ffn_form: str = eqx.field(static=True, default="residual")
@@ -69,7 +73,7 @@ class TransformerIDE(eqx.Module):
             raise ValueError(
                 f"`ffn_form`={self.ffn_form!r} is not known; choose one of {FFN_FORMS}."
             )
-        d = self.controls.values.attention.n_features
+        d = self.controls.n_features
         if self.grid.n_features != d:
             raise ValueError(
                 f"`grid.n_features`={self.grid.n_features} does not match the kernels' "
@@ -129,6 +133,8 @@ class TransformerIDE(eqx.Module):
     # ----------------------------------------------------------------- properties
     @property
     def n_layers(self) -> int:
+        if not isinstance(self.controls, PiecewiseConstant):
+            raise TypeError("`n_layers` is defined for piecewise-constant (per-layer) controls.")
         return self.controls.n_layers
 
     @property
@@ -139,6 +145,10 @@ class TransformerIDE(eqx.Module):
     def depth(self) -> float:
         """The final time $T$ (the number of layers for the standard Transformer)."""
         return self.controls.t1
+
+    @property
+    def t0(self) -> float:
+        return self.controls.t0
 
     # ----------------------------------------------------------------- the operators
     def _feature_weights(self):
@@ -176,17 +186,88 @@ class TransformerIDE(eqx.Module):
         """Projection onto the second constraint set of the layer acting at `t`."""
         return self.controls(t, "left").norm2(u, self._feature_weights())
 
-    def terms(self) -> SplitTerm:
-        """The four sub-flows of the paper's splitting, in order: attention, $P_{S_1}$,
-        feed-forward (substeps 3–5), $P_{S_1}$."""
-        return SplitTerm(
-            (
+    # ------------------------------------------------------------- continuum limit
+    def constraint(self, t) -> LayerNormProjection:
+        r"""The constraint set $S_1(\sigma_1(t), \sigma_2(t))$ of the continuum equation
+        (the second projection's set: the one every layer's output lies on)."""
+        norm = self.controls(t, "left").norm2
+        if norm.gain is not None or norm.shift is not None or norm.eps != 0.0:
+            raise ValueError(
+                "the continuum (tangent) form needs the exact projection onto "
+                "S1(sigma1, sigma2): LayerNormProjection with eps=0 and no per-feature "
+                f"gain/shift, got eps={norm.eps}, gain={'set' if norm.gain is not None else None}, "
+                f"shift={'set' if norm.shift is not None else None}. Use "
+                "LegendreControls.init(...) or set them so."
+            )
+        return norm
+
+    def project(self, t, u):
+        """Exact projection onto the continuum constraint set at `t`."""
+        return self.constraint(t)(u, self._feature_weights())
+
+    def _tangent(self, t, u, w, drift: bool):
+        r"""$P_T(z) w + [\sigma_1'(t) + \sigma_2'(t) z]$, $z = (u - \sigma_1)/\sigma_2$."""
+        fw = self._feature_weights()
+        norm = self.constraint(t)
+        s1, s2 = norm.sigma1.astype(u.dtype), norm.sigma2.astype(u.dtype)
+        z = (u - s1) / s2
+        out = w - feature_mean(w, fw) - feature_mean(w * z, fw) * z
+        if drift:
+
+            def sig(s):
+                n = self.controls(s, "left").norm2
+                return n.sigma1, n.sigma2
+
+            t = jnp.asarray(t, u.dtype)
+            _, (d1, d2) = jax.jvp(sig, (t,), (jnp.ones_like(t),))
+            out = out + d1.astype(u.dtype) + d2.astype(u.dtype) * z
+        return out
+
+    def attention_tangent(self, t, u, args=None):
+        """$P_T A(u)$ (no drift: the feed-forward sub-flow owns the constraint's motion)."""
+        return self._tangent(t, u, self.attention_field(t, u), drift=False)
+
+    def feedforward_tangent(self, t, u, args=None):
+        """$P_T F(u)$ plus the drift of the moving constraint: the last vector field, the
+        one that owns the clock in `solvers.Strang` by default."""
+        return self._tangent(t, u, self.feedforward_field(t, u), drift=True)
+
+    def tangent_field(self, t, u, args=None):
+        r"""The continuum equation on $S_1(t)$:
+        $u_t = P_T(z)[A(u) + F(u)] + \sigma_1'(t) + \sigma_2'(t) z$."""
+        w = self.attention_field(t, u) + self.feedforward_field(t, u)
+        return self._tangent(t, u, w, drift=True)
+
+    def terms(self, kind: str = "paper") -> SplitTerm:
+        r"""The equation's sub-flows for a solver.
+
+        - `"paper"`: attention, $P_{S_1}$, feed-forward (substeps 3–5), $P_{S_1}$ — the
+          paper's splitting; with `LieTrotter` and $\Delta t = 1$ a post-LN Transformer.
+        - `"split"`: the same four sub-flows with each vector field replaced by its
+          tangent part on the moving constraint set (the drift owned by the
+          feed-forward, the last vector field), for higher-order splittings (Strang).
+        - `"tangent"`: the whole tangent field and one projection, for any diffrax
+          solver wrapped in a projection method.
+        """
+        if kind == "paper":
+            flows = (
                 diffrax.ODETerm(self.attention_field),
                 ProjectionTerm(self.project1),
                 diffrax.ODETerm(self.feedforward_field),
                 ProjectionTerm(self.project2),
             )
-        )
+        elif kind == "split":
+            flows = (
+                diffrax.ODETerm(self.attention_tangent),
+                ProjectionTerm(self.project),
+                diffrax.ODETerm(self.feedforward_tangent),
+                ProjectionTerm(self.project),
+            )
+        elif kind == "tangent":
+            flows = (diffrax.ODETerm(self.tangent_field), ProjectionTerm(self.project))
+        else:
+            raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
+        return SplitTerm(flows)
 
     # ----------------------------------------------------------------- solving
     def check_state(self, u0, name: str = "u0"):
@@ -224,7 +305,7 @@ class TransformerIDE(eqx.Module):
         """The state after every layer: `[n_layers + 1, tokens, features]`, $u(t_n)$."""
         from ._solve import solve
 
-        ts = jnp.arange(self.n_layers + 1, dtype=u0.dtype) * self.controls.width + self.controls.t0
+        ts = jnp.arange(self.n_layers + 1, dtype=u0.dtype) * self.controls.width + self.t0
         sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts))
         assert sol.ys is not None
         return sol.ys

@@ -6,10 +6,11 @@ import math
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solvers import LieTrotter
+from solvers import LieTrotter, ParallelSplitting, Projected, SplitTerm, Strang
 
 from ._equation import TransformerIDE
 
@@ -34,7 +35,7 @@ def solve(
     adjoint: diffrax.AbstractAdjoint | None = None,
     max_steps: int | None = None,
     progress_meter: diffrax.AbstractProgressMeter | None = None,
-    terms=None,
+    terms: str | SplitTerm | None = None,
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
@@ -57,38 +58,74 @@ def solve(
       `dt0` is the initial step (or None to let diffrax choose).
     - `saveat`, `adjoint`, `max_steps`, `progress_meter`: as in `diffrax.diffeqsolve`
       (defaults: final state, `RecursiveCheckpointAdjoint`, exact step count or 4096).
-    - `terms`: the terms to integrate (default `model.terms()`).
+    - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
+      (default for `LieTrotter`), `"split"` (default for `Strang` and
+      `ParallelSplitting`), `"tangent"` (default for any other solver, e.g.
+      `solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`.
     """
     if not isinstance(model, TransformerIDE):
         raise TypeError(f"`model` must be an itde.TransformerIDE, got {type(model).__name__}.")
     model.check_state(u0, "u0")
-    t0 = float(model.controls.t0)
+    t0 = float(model.t0)
     t1 = float(model.depth if t1 is None else t1)
     if not math.isfinite(t1) or t1 <= t0:
         raise ValueError(
             f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, "
             f"e.g. t1={model.depth} (the number of layers)."
         )
-    if dt0 is not None and not (math.isfinite(float(dt0)) and float(dt0) > 0):
+    if (
+        dt0 is not None
+        and not isinstance(dt0, jax.core.Tracer)
+        and not (math.isfinite(float(dt0)) and float(dt0) > 0)
+    ):
         raise ValueError(
             f"`dt0`={dt0} must be a positive finite depth step, e.g. dt0=1.0 (one layer per "
             "step) or dt0=0.1."
         )
     solver = LieTrotter() if solver is None else solver
+    if not isinstance(solver, (LieTrotter, Strang, ParallelSplitting, Projected)):
+        raise TypeError(
+            f"`solver`={type(solver).__name__} would integrate the equation without its "
+            "projections onto S1; wrap it in a projection method, e.g. "
+            f"`solvers.Projected(diffrax.{type(solver).__name__}())`, or use a splitting "
+            "solver (solvers.LieTrotter, Strang, ParallelSplitting)."
+        )
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
-    terms = model.terms() if terms is None else terms
+    if isinstance(solver, Projected) and solver.scan_kind is None:
+        if isinstance(adjoint, diffrax.DirectAdjoint):
+            solver = solver.with_scan_kind("bounded")
+        elif isinstance(adjoint, diffrax.ForwardMode):
+            solver = solver.with_scan_kind("lax")
+    if terms is None:
+        if isinstance(solver, LieTrotter):
+            terms = "paper"
+        elif isinstance(solver, (Strang, ParallelSplitting)):
+            terms = "split"
+        else:
+            terms = "tangent"
+    if isinstance(terms, str):
+        terms = model.terms(terms)
     # diffrax promotes the state to the dtype of the times: keep the state's precision.
     tdtype = u0.dtype
     if stepsize_controller is None:
+        if isinstance(dt0, jax.core.Tracer):
+            raise TypeError(
+                "a traced `dt0` needs `stepsize_controller=diffrax.ConstantStepSize()` (the "
+                "default fixed-step grid is built at trace time from a concrete dt0)."
+            )
         dt = float(model.controls.width if dt0 is None else dt0)
         ts = fixed_steps(t0, t1, dt)
-        controller = diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype))
-        first_dt = None
         steps = len(ts) - 1 if max_steps is None else max_steps
+        if isinstance(adjoint, diffrax.BacksolveAdjoint):
+            # its backward solve reuses the controller in reverse, which StepTo forbids
+            controller, first_dt = diffrax.ConstantStepSize(), dt
+            steps += 1  # room for a round-off sliver at t1
+        else:
+            controller, first_dt = diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype)), None
     else:
         controller = stepsize_controller
-        first_dt = None if dt0 is None else float(dt0)
+        first_dt = dt0
         steps = 4096 if max_steps is None else max_steps
     u0 = eqx.error_if(
         u0,

@@ -96,3 +96,53 @@ def test_installed_entry_point_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "o" / "trajectory.png").exists()
+
+
+CONVERGE_TINY = """
+[problem]
+n_tokens = 4
+n_features = 6
+n_heads = 2
+n_hidden = 8
+[reference]
+rtol = 1e-10
+atol = 1e-10
+[study]
+schemes = ["lie", "heun"]
+steps = [4, 8, 16]
+"""
+
+
+def test_converge_writes_json_schema_and_plot(tmp_path, capsys):
+    cfg = tmp_path / "conv.toml"
+    cfg.write_text(CONVERGE_TINY)
+    out = tmp_path / "out"
+    assert main(["converge", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "observed" in text and "lie" in text and "heun" in text
+    result = json.loads((out / "convergence.json").read_text())
+    assert result["axis"] == "depth" and "reference" in result
+    rows = {r["scheme"]: r for r in result["results"]}
+    assert set(rows) == {"lie", "heun"}
+    for r in rows.values():
+        assert set(r) >= {"scheme", "expected_order", "observed_order", "dt", "errors"}
+        assert len(r["dt"]) == len(r["errors"]) == 3
+    assert abs(rows["lie"]["observed_order"] - 1) < 0.25
+    assert abs(rows["heun"]["observed_order"] - 2) < 0.25
+    assert (out / "convergence_depth.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_converge_config_errors(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[study]\nschemes = ["lie", "rk5"]\n')
+    with pytest.raises(_config.ConfigError, match=r"`study.schemes` holds 'rk5'"):
+        _config.load(_config.ConvergeExperiment, cfg)
+    cfg.write_text("[study]\nsteps = [8, 4]\n")
+    with pytest.raises(_config.ConfigError, match=r"strictly increasing"):
+        _config.load(_config.ConvergeExperiment, cfg)
+
+
+def test_shipped_convergence_config_is_the_default():
+    assert _config.load(_config.ConvergeExperiment, ROOT / "configs" / "convergence.toml") == (
+        _config.ConvergeExperiment()
+    )

@@ -1,0 +1,187 @@
+"""The depth convergence study: observed orders of every depth integrator.
+
+A smooth test problem (controls that are Legendre series in depth, a moving
+constraint set $S_1(\\sigma_1(t), \\sigma_2(t))$) is solved in float64 by each scheme at
+a sequence of depth steps and compared with a projected Dopri8 reference at tight
+tolerances. The observed order is the least-squares slope of log error on log step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import solvers
+
+from ._config import ConvergeExperiment, ProblemConfig
+from ._controls import LegendreControls
+from ._equation import TransformerIDE
+from ._quadrature import Grid
+from ._registry import SCHEMES
+from ._solve import solve
+
+
+def build_problem(p: ProblemConfig) -> tuple[TransformerIDE, jax.Array]:
+    """The smooth test problem: model and initial state (on $S_1(0)$), float64."""
+    controls = LegendreControls.init(
+        jax.random.key(p.seed),
+        n_modes=p.n_modes,
+        t1=p.t1,
+        amplitude=p.amplitude,
+        n_features=p.n_features,
+        n_heads=p.n_heads,
+        n_hidden=p.n_hidden,
+        activation=p.activation,
+        eps=0.0,
+        dtype=jnp.float64,
+    )
+    model = TransformerIDE(controls, Grid.unit(p.n_features))
+    f = jax.random.normal(jax.random.key(p.seed + 1), (p.n_tokens, p.n_features), jnp.float64)
+    return model, model.project(0.0, f)
+
+
+def reference_solution(model, u0, rtol, atol, max_steps):
+    sol = solve(
+        model,
+        u0,
+        solver=solvers.Projected(diffrax.Dopri8()),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        dt0=model.depth / 64,
+        max_steps=max_steps,
+    )
+    return sol.ys[-1], sol.stats["num_steps"]
+
+
+def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
+    """Run the study and return the JSON-ready result (see `itde converge`)."""
+    from tqdm.auto import tqdm
+
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError("the convergence study runs in float64: enable jax_enable_x64 first.")
+    p, r, s = cfg.problem, cfg.reference, cfg.study
+    model, u0 = build_problem(p)
+    t_start = time.perf_counter()
+    ref, ref_steps = jax.jit(reference_solution, static_argnums=(2, 3, 4))(
+        model, u0, r.rtol, r.atol, r.max_steps
+    )
+    ref.block_until_ready()
+    reference = {
+        "solver": "projected Dopri8 (PIDController)",
+        "rtol": r.rtol,
+        "atol": r.atol,
+        "steps": int(ref_steps),
+        "dtype": "float64",
+        "wall_s": time.perf_counter() - t_start,
+    }
+    results = []
+    dts = [p.t1 / n for n in s.steps]
+    bar = tqdm(total=len(s.schemes) * len(dts), desc="depth convergence", disable=not progress)
+    for name in s.schemes:
+        scheme = SCHEMES[name]
+        solver = scheme.make()
+
+        @jax.jit
+        def final(dt, solver=solver, kind=scheme.terms):
+            sol = solve(
+                model,
+                u0,
+                solver=solver,
+                terms=kind,
+                dt0=dt,
+                stepsize_controller=diffrax.ConstantStepSize(),
+                max_steps=max(s.steps) + 2,
+            )
+            return sol.ys[-1]
+
+        errors, on_set = [], []
+        for dt in dts:
+            u = final(jnp.asarray(dt))
+            errors.append(float(jnp.max(jnp.abs(u - ref))))
+            rm, rv = model.constraint(p.t1).residuals(u)
+            on_set.append(max(float(rm), float(rv)))
+            bar.set_postfix(scheme=name)
+            bar.update()
+        results.append(
+            {
+                "scheme": name,
+                "label": scheme.label,
+                "expected_order": float(scheme.order),
+                "observed_order": _order(dts, errors),
+                "dt": dts,
+                "errors": errors,
+                "constraint_residual": max(on_set),
+            }
+        )
+    bar.close()
+    return {
+        "axis": "depth",
+        "problem": {k: getattr(p, k) for k in p.__dataclass_fields__},
+        "reference": reference,
+        "results": results,
+        "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _order(dts, errors) -> float:
+    """Observed order over the asymptotic range: points above the float64 round-off
+    floor (1e-12: errors of the reference and of the projections sit below it)."""
+    try:
+        return float(solvers.observed_order(dts, errors, floor=1e-12))
+    except ValueError:
+        return float("nan")
+
+
+def format_table(result: dict) -> str:
+    rows = result["results"]
+    n = len(rows[0]["dt"])
+    head = f"{'scheme':<10}{'expected':>9}{'observed':>9}  " + "".join(
+        f"{'dt=' + format(dt, '.4g'):>11}" for dt in rows[0]["dt"]
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        errs = "".join(f"{e:>11.2e}" for e in r["errors"])
+        lines.append(
+            f"{r['scheme']:<10}{r['expected_order']:>9.0f}{r['observed_order']:>9.2f}  {errs}"
+        )
+    del n
+    return "\n".join(lines)
+
+
+def plot_study(result: dict, path: Path) -> Path:
+    from ._plot import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    for i, r in enumerate(result["results"]):
+        c = f"C{i % 10}"
+        dt, e = np.asarray(r["dt"]), np.asarray(r["errors"])
+        ax.loglog(dt, e, "o-", color=c, label=f"{r['scheme']} ({r['observed_order']:.2f})")
+        p = r["expected_order"]
+        anchor = np.argmin(dt)
+        if e[anchor] > 0 and math.isfinite(p):
+            ax.loglog(dt, e[anchor] * (dt / dt[anchor]) ** p, ":", color=c, alpha=0.6)
+    axis = result["axis"]
+    ax.set_xlabel("depth step $\\Delta t$" if axis == "depth" else "grid spacing")
+    ax.set_ylabel("max error against the reference")
+    ax.set_title(f"convergence in {axis} (dotted: expected slopes)")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_outputs(result: dict, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    js = out / "convergence.json"
+    tmp = js.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(js)
+    png = plot_study(result, out / f"convergence_{result['axis']}.png")
+    return js, png

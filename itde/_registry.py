@@ -1,0 +1,39 @@
+"""The one registry mapping config strings to classes: quadrature rules and depth schemes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import diffrax
+
+import solvers
+
+from ._quadrature import RULES
+
+
+class Scheme(NamedTuple):
+    """A depth integrator: how to build it, its expected global order, its terms kind."""
+
+    make: Callable[[], diffrax.AbstractSolver]
+    order: float
+    terms: str
+    label: str
+
+
+SCHEMES: dict[str, Scheme] = {
+    "lie": Scheme(solvers.LieTrotter, 1, "split", "Lie-Trotter splitting"),
+    "strang": Scheme(solvers.Strang, 2, "split", "Strang splitting (Heun sub-steps)"),
+    "parallel": Scheme(solvers.ParallelSplitting, 1, "split", "parallel (averaged) splitting"),
+    "euler": Scheme(lambda: solvers.Projected(diffrax.Euler()), 1, "tangent", "projected Euler"),
+    "heun": Scheme(lambda: solvers.Projected(diffrax.Heun()), 2, "tangent", "projected Heun"),
+    "midpoint": Scheme(
+        lambda: solvers.Projected(diffrax.Midpoint()), 2, "tangent", "projected midpoint"
+    ),
+    "rk4": Scheme(lambda: solvers.Projected(solvers.RK4()), 4, "tangent", "projected RK4"),
+    "tsit5": Scheme(lambda: solvers.Projected(diffrax.Tsit5()), 5, "tangent", "projected Tsit5"),
+    "dopri5": Scheme(lambda: solvers.Projected(diffrax.Dopri5()), 5, "tangent", "projected Dopri5"),
+    "dopri8": Scheme(lambda: solvers.Projected(diffrax.Dopri8()), 8, "tangent", "projected Dopri8"),
+}
+
+__all__ = ["RULES", "SCHEMES", "Scheme"]

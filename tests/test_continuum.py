@@ -1,0 +1,204 @@
+"""The continuum regime: smooth controls, depth integrators, adjoints, bad input."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import itde
+import solvers
+from itde._config import ProblemConfig
+from itde._converge import build_problem
+from itde._registry import SCHEMES
+
+
+@pytest.fixture(scope="module")
+def problem():
+    model, u0 = build_problem(ProblemConfig(n_tokens=6, n_features=8, n_heads=2, n_hidden=12))
+    ref = itde.solve(
+        model,
+        u0,
+        solver=solvers.Projected(diffrax.Dopri8()),
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
+        dt0=0.05,
+    ).ys[-1]
+    return model, u0, ref
+
+
+def _errors(model, u0, ref, name, ns):
+    scheme = SCHEMES[name]
+    f = jax.jit(
+        lambda dt: itde.solve(
+            model,
+            u0,
+            solver=scheme.make(),
+            terms=scheme.terms,
+            dt0=dt,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            max_steps=max(ns) + 2,
+        ).ys[-1]
+    )
+    return [float(jnp.max(jnp.abs(f(jnp.asarray(1.0 / n)) - ref))) for n in ns]
+
+
+@pytest.mark.parametrize("name", ["lie", "parallel", "strang", "heun", "rk4", "tsit5"])
+def test_observed_depth_order_matches_theory(problem, name):
+    model, u0, ref = problem
+    ns = [4, 8, 16, 32] if name != "tsit5" else [4, 8, 16]
+    errs = _errors(model, u0, ref, name, ns)
+    slope = solvers.observed_order([1.0 / n for n in ns], errs, floor=1e-12)
+    expected = SCHEMES[name].order
+    if name == "tsit5":
+        assert slope >= 4.0, (slope, errs)
+    else:
+        assert slope == pytest.approx(expected, abs=0.15), (slope, errs)
+
+
+def test_every_saved_state_lies_on_the_moving_constraint(problem):
+    model, u0, _ = problem
+    ts = jnp.linspace(0.0, 1.0, 9)
+    for name in ("lie", "strang", "rk4"):
+        sol = itde.solve(
+            model, u0, solver=SCHEMES[name].make(), dt0=1 / 16, saveat=diffrax.SaveAt(ts=ts)
+        )
+        for t, u in zip(ts, sol.ys):
+            rm, rv = model.constraint(t).residuals(u)
+            assert float(rm) < 1e-12 and float(rv) < 1e-12, (name, float(t))
+    sigma2 = [float(model.constraint(t).sigma2) for t in (0.0, 1.0)]
+    assert abs(sigma2[1] - sigma2[0]) > 0.1  # the constraint set really moves
+
+
+def test_adaptive_projected_solve_and_progress_meter(problem):
+    model, u0, ref = problem
+    sol = itde.solve(
+        model,
+        u0,
+        solver=solvers.Projected(diffrax.Tsit5()),
+        stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-9),
+        progress_meter=diffrax.TextProgressMeter(),
+    )
+    assert float(jnp.max(jnp.abs(sol.ys[-1] - ref))) < 1e-7
+
+
+def test_regime_switch_lie_at_dt_one_is_the_transformer():
+    """A discrete model through the same entry point, Lie at dt = 1, equals the layer stack;
+    and its smooth interpolation is a continuum model of the same object."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        12, 3, 20, dropout=0.0, batch_first=True, dtype=torch.float64
+    )
+    enc = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False).eval()
+    x = np.random.default_rng(0).standard_normal((5, 12))
+    with torch.no_grad():
+        y = enc(torch.as_tensor(x[None]))[0].numpy()
+    model = itde.from_torch(enc)
+    sol = itde.solve(model, jnp.asarray(x), solver=solvers.LieTrotter(), dt0=1.0)
+    assert float(np.max(np.abs(np.asarray(sol.ys[-1]) - y))) < 1e-12
+    smooth = itde.TransformerIDE(itde.LegendreControls.from_layers(model.controls), model.grid)
+    mid = smooth.controls(1.5).attention.wq  # interpolates the layer values at midpoints
+    np.testing.assert_allclose(
+        np.asarray(mid), np.asarray(model.controls.layer(1).attention.wq), atol=1e-12
+    )
+
+
+# ------------------------------------------------------------------ gradients through depth
+def _loss_fn(adjoint, scheme="rk4"):
+    def loss(model, f):
+        # the initial state is projected inside the loss, so that every parameter
+        # (sigma(0) included) acts on the solution the same way in every adjoint
+        u0 = model.project(0.0, f)
+        sol = itde.solve(model, u0, solver=SCHEMES[scheme].make(), dt0=0.25, adjoint=adjoint)
+        u = sol.ys[-1]
+        return jnp.sum(jnp.sin(u) * jnp.arange(u.size).reshape(u.shape))
+
+    return loss
+
+
+def test_adjoints_agree_and_match_finite_differences(problem):
+    model, u0, _ = problem
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    grads = {}
+    for name, adj in [
+        ("recursive", diffrax.RecursiveCheckpointAdjoint()),
+        ("direct", diffrax.DirectAdjoint()),
+    ]:
+        g = jax.grad(lambda p: _loss_fn(adj)(eqx.combine(p, static), u0))(params)
+        grads[name] = g
+    leaves_r = jax.tree.leaves(grads["recursive"])
+    leaves_d = jax.tree.leaves(grads["direct"])
+    for a, b in zip(leaves_r, leaves_d):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    # central finite differences on a few parameters
+    loss = _loss_fn(diffrax.RecursiveCheckpointAdjoint())
+    wq = model.controls.coeffs.attention.wq
+    s1 = model.controls.coeffs.norm2.sigma1
+    g = grads["recursive"]
+    checks = [
+        (lambda m: m.controls.coeffs.attention.wq, (1, 0, 3, 2), g.controls.coeffs.attention.wq),
+        (lambda m: m.controls.coeffs.attention.wq, (0, 1, 5, 1), g.controls.coeffs.attention.wq),
+        (lambda m: m.controls.coeffs.norm2.sigma1, (1,), g.controls.coeffs.norm2.sigma1),
+        (lambda m: m.controls.coeffs.feedforward.w2, (2, 3, 4), g.controls.coeffs.feedforward.w2),
+    ]
+    del wq, s1
+    h = 1e-6
+    for where, idx, gleaf in checks:
+        leaf = where(model)
+        plus = eqx.tree_at(where, model, leaf.at[idx].add(h))
+        minus = eqx.tree_at(where, model, leaf.at[idx].add(-h))
+        fd = (loss(plus, u0) - loss(minus, u0)) / (2 * h)
+        assert float(gleaf[idx]) == pytest.approx(float(fd), rel=1e-6, abs=1e-8)
+
+
+def test_backsolve_adjoint_is_selectable_and_close(problem):
+    model, u0, _ = problem
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    gr = jax.grad(
+        lambda p: _loss_fn(diffrax.RecursiveCheckpointAdjoint(), "tsit5")(
+            eqx.combine(p, static), u0
+        )
+    )(params)
+    gb = jax.grad(
+        lambda p: _loss_fn(diffrax.BacksolveAdjoint(), "tsit5")(eqx.combine(p, static), u0)
+    )(params)
+    a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(gr)])
+    b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(gb)])
+    rel = np.linalg.norm(a - b) / np.linalg.norm(a)
+    # optimise-then-discretise: not the exact gradient of the discrete solve
+    assert 0 < rel < 1e-2, rel
+
+
+# ------------------------------------------------------------------ bad input
+def test_unprojected_solver_is_rejected(problem):
+    model, u0, _ = problem
+    with pytest.raises(TypeError, match=r"solvers.Projected\(diffrax.Tsit5\(\)\)"):
+        itde.solve(model, u0, solver=diffrax.Tsit5(), dt0=0.1)
+
+
+def test_adaptive_solve_past_max_steps_is_an_error(problem):
+    model, u0, _ = problem
+    with pytest.raises(Exception, match="max_steps"):
+        itde.solve(
+            model,
+            u0,
+            solver=solvers.Projected(diffrax.Tsit5()),
+            stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
+            dt0=0.01,
+            max_steps=3,
+        ).ys.block_until_ready()
+
+
+def test_tangent_form_needs_exact_projection():
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2, eps=1e-5)
+    with pytest.raises(ValueError, match="eps=0"):
+        itde.solve(m, jnp.ones((3, 8)) + jnp.arange(8.0), solver=solvers.Strang(), dt0=0.5)
+    with pytest.raises(ValueError, match="kind"):
+        m.terms("exact")
+
+
+def test_traced_dt_needs_constant_step_size(problem):
+    model, u0, _ = problem
+    with pytest.raises(TypeError, match="ConstantStepSize"):
+        jax.jit(lambda dt: itde.solve(model, u0, solver=solvers.LieTrotter(), dt0=dt).ys)(0.1)

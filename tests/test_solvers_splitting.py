@@ -1,0 +1,378 @@
+"""Splitting solvers (Lie–Trotter, Strang, parallel), RK4 and the convergence helpers.
+
+Orders are measured against exact or high-accuracy references in float64; a float32
+smoke test checks that the solvers also run (and converge) in single precision.
+"""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from diffrax import ODETerm
+
+from solvers import (
+    RK4,
+    LieTrotter,
+    ParallelSplitting,
+    ProjectionTerm,
+    SplitTerm,
+    Strang,
+    error_norm,
+    observed_order,
+)
+from solvers._lie import advance
+
+TOL = 0.15  # tolerance on an observed order
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64():
+    # Scoped to this module so that float32 test files elsewhere are unaffected.
+    with jax.enable_x64(True):
+        yield
+
+
+def _final(terms, solver, t0, t1, n_steps, y0, **kwargs):
+    """The state at `t1` after `n_steps` constant steps (dt0 traced: one compile per solver)."""
+    sol = diffrax.diffeqsolve(
+        terms, solver, t0, t1, jnp.asarray((t1 - t0) / n_steps), y0, max_steps=4096, **kwargs
+    )
+    return sol.ys[-1]
+
+
+def _order(terms, solver, reference, ns, *, t0=0.0, t1=1.0, y0, asymptotic=None):
+    errors = [float(error_norm(_final(terms, solver, t0, t1, n, y0), reference)) for n in ns]
+    return observed_order([abs(t1 - t0) / n for n in ns], errors, asymptotic=asymptotic), errors
+
+
+def _reference(field, t0, t1, y0):
+    """Dopri8 with rtol = atol = 1e-12 on the summed field."""
+    return diffrax.diffeqsolve(
+        ODETerm(field),
+        diffrax.Dopri8(),
+        t0,
+        t1,
+        0.01,
+        y0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
+        max_steps=100_000,
+    ).ys[-1]
+
+
+# --- two non-commuting linear operators: y' = (A + B) y, exact via expm ---------------
+
+
+@pytest.fixture(scope="module")
+def linear():
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(k1, (4, 4), dtype=jnp.float64) / 2
+    b = jax.random.normal(k2, (4, 4), dtype=jnp.float64) / 2
+    assert float(jnp.linalg.norm(a @ b - b @ a)) > 0.5  # genuinely non-commuting
+    y0 = jnp.full((4,), 0.5)
+    terms = SplitTerm((ODETerm(lambda t, y, args: a @ y), ODETerm(lambda t, y, args: b @ y)))
+    exact = jax.scipy.linalg.expm(a + b) @ y0  # T = 1
+    return terms, y0, exact, a, b
+
+
+@pytest.mark.parametrize(
+    "solver, expected",
+    [
+        (LieTrotter(), 1.0),
+        (Strang(), 2.0),
+        (Strang(RK4()), 2.0),
+        (ParallelSplitting(), 1.0),
+    ],
+    ids=["lie", "strang-heun", "strang-rk4", "parallel"],
+)
+def test_order_linear_noncommuting(linear, solver, expected):
+    terms, y0, exact, _, _ = linear
+    order, _ = _order(terms, solver, exact, [16, 32, 64, 128, 256], y0=y0)
+    assert abs(order - expected) < TOL, order
+
+
+def test_strang_backward_in_time(linear):
+    """diffeqsolve flips time for t1 < t0; every sub-flow must see the user's time."""
+    terms, y0, exact, _, _ = linear
+    order, errors = _order(terms, Strang(), y0, [16, 32, 64, 128], t0=1.0, t1=0.0, y0=exact)
+    assert abs(order - 2.0) < TOL, order
+    assert errors[-1] < 1e-4
+
+
+def test_strang_adaptive_through_halfsolver(linear):
+    """Strang makes no error estimate; diffrax.HalfSolver supplies one for a PIDController."""
+    terms, y0, exact, _, _ = linear
+    sol = diffrax.diffeqsolve(
+        terms,
+        diffrax.HalfSolver(Strang(solvers=(RK4(), diffrax.Heun()))),
+        0.0,
+        1.0,
+        None,
+        y0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+    )
+    assert float(error_norm(sol.ys[-1], exact)) < 1e-4
+
+
+# --- the trap: time-dependent (non-autonomous) fields ---------------------------------
+
+
+def _alpha(t):
+    return 1.0 + 0.5 * jnp.sin(3.0 * t)
+
+
+def _beta(t):
+    return jnp.cos(2.0 * t)
+
+
+@pytest.fixture(scope="module")
+def nonautonomous(linear):
+    _, y0, _, a, b = linear
+    fa = lambda t, y, args: _alpha(t) * (a @ y)  # noqa: E731
+    fb = lambda t, y, args: _beta(t) * (b @ y)  # noqa: E731
+    reference = _reference(lambda t, y, args: fa(t, y, args) + fb(t, y, args), 0.0, 1.0, y0)
+    return SplitTerm((ODETerm(fa), ODETerm(fb))), y0, reference
+
+
+class _NaiveStrang(diffrax.AbstractSolver):
+    """Strang where every sub-step runs its own clock from t0 (the trap; not exported)."""
+
+    term_structure = diffrax.AbstractTerm
+    interpolation_cls = diffrax.LocalLinearInterpolation
+
+    def order(self, terms):
+        return 2
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        fa, fb = terms.term.terms
+        half = t0 + (t1 - t0) / 2
+        y, _ = advance(fa, diffrax.Heun(), t0, half, y0, args)
+        y, _ = advance(fb, diffrax.Heun(), t0, t1, y, args)
+        y, _ = advance(fa, diffrax.Heun(), t0, half, y, args)
+        return y, None, dict(y0=y0, y1=y), None, diffrax.RESULTS.successful
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+
+@pytest.mark.parametrize(
+    "solver, expected",
+    [
+        (Strang(), 2.0),
+        (Strang(clock=0), 2.0),
+        (LieTrotter(), 1.0),
+        (ParallelSplitting(), 1.0),
+    ],
+    ids=["strang", "strang-clock0", "lie", "parallel"],
+)
+def test_order_nonautonomous(nonautonomous, solver, expected):
+    terms, y0, reference = nonautonomous
+    order, _ = _order(terms, solver, reference, [32, 64, 128, 256, 512], y0=y0)
+    assert abs(order - expected) < TOL, order
+
+
+def test_naive_strang_fails_the_nonautonomous_test(nonautonomous):
+    """The trap is real: the same measurement sees a clock-per-sub-step Strang at order ~1."""
+    terms, y0, reference = nonautonomous
+    order, _ = _order(
+        terms, _NaiveStrang(), reference, [32, 64, 128, 256, 512], y0=y0, asymptotic=3
+    )
+    assert order < 2.0 - 3 * TOL, order
+
+
+# --- projections inside a splitting: the unit sphere ----------------------------------
+
+
+def _normalise(t, y):
+    return y / jnp.linalg.norm(y)
+
+
+def _tangential(y, v):
+    return v - jnp.dot(v, y) * y
+
+
+def test_strang_with_projections_tangent_fields():
+    """Two time-dependent rotations (tangent to the sphere): order 2, states on the sphere."""
+    w1 = lambda t: jnp.array([1.0, 0.3 * t, 0.0])  # noqa: E731
+    w2 = lambda t: jnp.array([0.0, jnp.cos(t), 1.0])  # noqa: E731
+    fa = lambda t, y, args: jnp.cross(w1(t), y)  # noqa: E731
+    fb = lambda t, y, args: jnp.cross(w2(t), y)  # noqa: E731
+    y0 = jnp.array([1.0, 2.0, 2.0]) / 3
+    reference = _reference(lambda t, y, args: fa(t, y, args) + fb(t, y, args), 0.0, 1.0, y0)
+    terms = SplitTerm(
+        (ODETerm(fa), ProjectionTerm(_normalise), ODETerm(fb), ProjectionTerm(_normalise))
+    )
+    order, _ = _order(terms, Strang(), reference, [16, 32, 64, 128, 256], y0=y0)
+    assert abs(order - 2.0) < TOL, order
+    sol = diffrax.diffeqsolve(
+        terms, Strang(), 0.0, 1.0, jnp.asarray(1 / 64), y0, saveat=diffrax.SaveAt(steps=True)
+    )
+    ys = sol.ys[: int(sol.stats["num_accepted_steps"])]
+    assert ys.shape[0] == 64
+    assert float(jnp.max(jnp.abs(jnp.linalg.norm(ys, axis=-1) - 1.0))) < 1e-12
+    # one sub-solver per sub-flow (None for projections) is the same scheme
+    per_flow = Strang(solvers=(diffrax.Heun(), None, diffrax.Heun(), None))
+    assert jnp.array_equal(_final(terms, per_flow, 0.0, 1.0, 64, y0), ys[-1])
+
+
+def test_strang_projections_need_tangential_fields():
+    """Documents the assumption in `Strang`'s docstring on a nonlinear, non-tangent field.
+
+    The constrained solution follows $P_T(f_a + f_b)$. "Flow of $f_i$, then project" is
+    only first order for it, so Strang is order 1; splitting the tangential parts
+    $P_T f_i$ instead restores order 2.
+    """
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    a = jax.random.normal(k1, (3, 3), dtype=jnp.float64)
+    b = jax.random.normal(k2, (3, 3), dtype=jnp.float64)
+    c = jnp.array([0.5, -1.0, 0.7])
+    fa = lambda t, y, args: jnp.tanh(a @ y) + c  # noqa: E731
+    fb = lambda t, y, args: b @ y  # noqa: E731
+    y0 = jnp.array([1.0, 2.0, 2.0]) / 3
+    reference = _reference(
+        lambda t, y, args: _tangential(y, fa(t, y, args) + fb(t, y, args)), 0.0, 1.0, y0
+    )
+    p = ProjectionTerm(_normalise)
+    raw = SplitTerm((ODETerm(fa), p, ODETerm(fb), p))
+    tangential = SplitTerm(
+        (
+            ODETerm(lambda t, y, args: _tangential(y, fa(t, y, args))),
+            p,
+            ODETerm(lambda t, y, args: _tangential(y, fb(t, y, args))),
+            p,
+        )
+    )
+    ns = [32, 64, 128, 256, 512]
+    order_raw, _ = _order(raw, Strang(), reference, ns, y0=y0)
+    order_tangential, _ = _order(tangential, Strang(), reference, ns, y0=y0)
+    assert abs(order_raw - 1.0) < TOL, order_raw
+    assert abs(order_tangential - 2.0) < TOL, order_tangential
+
+
+# --- RK4 on its own -------------------------------------------------------------------
+
+
+def test_rk4_order():
+    field = ODETerm(lambda t, y, args: -y + jnp.sin(t))
+    y0 = jnp.array([1.0])
+    exact = (y0 + 0.5) * jnp.exp(-1.0) + (jnp.sin(1.0) - jnp.cos(1.0)) / 2  # T = 1
+    ns = [8, 16, 32, 64, 128]
+    errors = [float(error_norm(_final(field, RK4(), 0.0, 1.0, n, y0), exact)) for n in ns]
+    order = observed_order([1.0 / n for n in ns], errors)
+    assert abs(order - 4.0) < TOL, order
+
+
+def test_rk4_is_classical_and_adaptive():
+    """One step equals the textbook formula; the embedded estimate drives a PIDController."""
+    f = lambda t, y: jnp.cos(t) * y**2 - y  # noqa: E731
+    t0, h, y0 = 0.3, 0.2, jnp.array([0.7])
+    k1 = f(t0, y0)
+    k2 = f(t0 + h / 2, y0 + h / 2 * k1)
+    k3 = f(t0 + h / 2, y0 + h / 2 * k2)
+    k4 = f(t0 + h, y0 + h * k3)
+    textbook = y0 + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    term = ODETerm(lambda t, y, args: f(t, y))
+    solver = RK4()
+    state = solver.init(term, t0, t0 + h, y0, None)
+    y1, y_error, _, _, _ = solver.step(term, t0, t0 + h, y0, None, state, False)
+    assert jnp.allclose(y1, textbook, rtol=0, atol=1e-15)
+    assert jnp.allclose(y_error, h / 6 * (k4 - f(t0 + h, y1)), rtol=0, atol=1e-15)
+
+    field = ODETerm(lambda t, y, args: -y + jnp.sin(t))
+    sol = diffrax.diffeqsolve(
+        field,
+        RK4(),
+        0.0,
+        2.0,
+        None,
+        jnp.array([1.0]),
+        stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-9),
+    )
+    exact = 1.5 * jnp.exp(-2.0) + (jnp.sin(2.0) - jnp.cos(2.0)) / 2
+    assert float(jnp.abs(sol.ys[-1, 0] - exact)) < 1e-7
+
+
+# --- gradients and float32 ------------------------------------------------------------
+
+
+def test_strang_gradient_matches_finite_differences(linear):
+    terms, y0, _, _, _ = linear
+
+    def loss(y):
+        return jnp.sum(_final(terms, Strang(), 0.0, 1.0, 16, y) ** 2)
+
+    grad = jax.jit(jax.grad(loss))(y0)
+    eps = 1e-6
+    fd = jnp.array(
+        [(loss(y0.at[i].add(eps)) - loss(y0.at[i].add(-eps))) / (2 * eps) for i in range(4)]
+    )
+    assert jnp.allclose(grad, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_float32_splitting_runs_and_converges():
+    with jax.enable_x64(False):
+        k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+        a = jax.random.normal(k1, (4, 4)) / 2
+        b = jax.random.normal(k2, (4, 4)) / 2
+        y0 = jnp.full((4,), 0.5)
+        terms = SplitTerm((ODETerm(lambda t, y, args: a @ y), ODETerm(lambda t, y, args: b @ y)))
+        exact = jax.scipy.linalg.expm(a + b) @ y0
+        for solver, expected in [(Strang(), 2.0), (LieTrotter(), 1.0)]:
+            out = _final(terms, solver, 0.0, 1.0, 32, y0)
+            assert out.dtype == jnp.float32
+            order, _ = _order(terms, solver, exact, [8, 16, 32], y0=y0)
+            assert abs(order - expected) < 2 * TOL, (solver, order)
+
+
+# --- trace-time errors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", [Strang(), ParallelSplitting(), LieTrotter()])
+def test_non_split_term_is_a_type_error(solver):
+    with pytest.raises(TypeError, match="SplitTerm"):
+        diffrax.diffeqsolve(ODETerm(lambda t, y, args: -y), solver, 0.0, 1.0, 0.1, 1.0)
+
+
+@pytest.mark.parametrize("cls", [Strang, ParallelSplitting, LieTrotter])
+def test_wrong_number_of_subsolvers_is_a_value_error(linear, cls):
+    terms, y0, _, _, _ = linear
+    with pytest.raises(ValueError, match="2 sub-flows"):
+        diffrax.diffeqsolve(terms, cls(solvers=(diffrax.Heun(),)), 0.0, 1.0, 0.1, y0)
+
+
+def test_strang_clock_must_be_a_vector_field():
+    terms = SplitTerm((ODETerm(lambda t, y, args: -y), ProjectionTerm(lambda t, y: y)))
+    with pytest.raises(ValueError, match="clock"):
+        diffrax.diffeqsolve(terms, Strang(clock=1), 0.0, 1.0, 0.1, jnp.array([1.0]))
+
+
+# --- convergence helpers --------------------------------------------------------------
+
+
+def test_observed_order_recovers_a_known_slope():
+    steps = 2.0 ** -np.arange(1, 9)
+    errors = 3.0 * steps**2.5
+    assert observed_order(steps, errors) == pytest.approx(2.5, abs=1e-12)
+    # round-off points below the floor are dropped, in any order of the inputs
+    noisy = np.concatenate([errors, [1e-17, 3e-16]])
+    all_steps = np.concatenate([steps, [1e-6, 1e-7]])
+    assert observed_order(all_steps[::-1], noisy[::-1]) == pytest.approx(2.5, abs=1e-12)
+    # the asymptotic range keeps the smallest steps only
+    bent = np.where(steps > 0.05, 10 * errors, errors)
+    assert observed_order(steps, bent, asymptotic=4) == pytest.approx(2.5, abs=1e-12)
+    with pytest.raises(ValueError, match="at least two"):
+        observed_order(steps[:3], [1e-20, 1e-20, 1e-3])
+
+
+def test_error_norm():
+    a = {"x": jnp.array([1.0, 2.0]), "y": jnp.array([[3.0]])}
+    b = {"x": jnp.array([1.0, 2.5]), "y": jnp.array([[1.0]])}
+    assert float(error_norm(a, b)) == pytest.approx(2.0)
+    assert float(error_norm(a, b, "rel_l2")) == pytest.approx(
+        np.sqrt(0.25 + 4.0) / np.sqrt(1.0 + 6.25 + 1.0)
+    )
+    with pytest.raises(ValueError, match="kind"):
+        error_norm(a, b, "l3")
