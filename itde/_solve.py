@@ -57,7 +57,10 @@ def solve(
     - `stepsize_controller`: e.g. `diffrax.PIDController(...)` for adaptive solves; then
       `dt0` is the initial step (or None to let diffrax choose).
     - `saveat`, `adjoint`, `max_steps`, `progress_meter`: as in `diffrax.diffeqsolve`
-      (defaults: final state, `RecursiveCheckpointAdjoint`, exact step count or 4096).
+      (defaults: final state; `RecursiveCheckpointAdjoint`, with one checkpoint per step
+      for fixed steps; the exact step count for fixed steps, 4096 for adaptive ones).
+      With `BacksolveAdjoint` fixed steps use `ConstantStepSize` (its backward solve
+      cannot run a `StepTo` grid in reverse).
     - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
       (default for `LieTrotter`), `"split"` (default for `Strang` and
       `ParallelSplitting`), `"tangent"` (default for any other solver, e.g.
@@ -91,6 +94,7 @@ def solve(
             "solver (solvers.LieTrotter, Strang, ParallelSplitting)."
         )
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
+    default_adjoint = adjoint is None
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
     if isinstance(solver, Projected) and solver.scan_kind is None:
         if isinstance(adjoint, diffrax.DirectAdjoint):
@@ -123,6 +127,10 @@ def solve(
             steps += 1  # room for a round-off sliver at t1
         else:
             controller, first_dt = diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype)), None
+        if default_adjoint:
+            # a fixed number of steps: keep every step's state (memory n_steps states, no
+            # binomial recomputation of the forward)
+            adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=steps)
     else:
         controller = stepsize_controller
         first_dt = dt0
