@@ -7,10 +7,22 @@ operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer blo
 """
 
 from ._attention import Attention
+from ._blocked import blocked_attention, dense_attention, fused_attention
 from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
 from ._feedforward import FeedForward
+from ._function_model import FunctionBlock
+from ._grid2d import TensorGrid2D
 from ._interop import from_torch, to_torch
+from ._kernels import (
+    FourierBasis,
+    FunctionAttention,
+    FunctionBias,
+    FunctionFeedForward,
+    FunctionField,
+    FunctionKernel,
+    LegendreBasis,
+)
 from ._layernorm import LayerNormProjection
 from ._quadrature import (
     RULES,
@@ -32,6 +44,18 @@ __all__ = [
     "Attention",
     "Block",
     "FeedForward",
+    "FourierBasis",
+    "FunctionAttention",
+    "FunctionBias",
+    "FunctionBlock",
+    "FunctionFeedForward",
+    "FunctionField",
+    "FunctionKernel",
+    "LegendreBasis",
+    "TensorGrid2D",
+    "blocked_attention",
+    "dense_attention",
+    "fused_attention",
     "GaussLegendre",
     "Grid",
     "LayerNormProjection",

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+ATTENTION_IMPLS = ("dense", "blocked", "fused")
+
 
 def _weighted(u, weights):
     """Multiply the last axis by quadrature weights (skipped for the unit grid)."""
@@ -108,6 +110,8 @@ class Attention(eqx.Module):
         head_weights: np.ndarray | None = None,
         token_log_weights: Float[Array, " tokens"] | None = None,
         causal: bool = False,
+        impl: str = "dense",
+        block_size: int = 512,
     ) -> Float[Array, "tokens features"]:
         """Apply $A$ to one sequence.
 
@@ -120,6 +124,10 @@ class Attention(eqx.Module):
         - `token_log_weights`: $\\log w_p$ on $\\Omega_x$ (`None`: uniform weights, whose
           constant log cancels in the softmax).
         - `causal`: integrate over $\\tilde x \\le x$ only.
+        - `impl`: `"dense"` (the `[heads, tokens, tokens]` score matrix), `"blocked"`
+          (token blocks of `block_size` with an online softmax: memory linear in the
+          tokens, the same result to round-off) or `"fused"`
+          (`jax.nn.dot_product_attention`, whose softmax runs in float32).
         """
         dtype = u.dtype
         n = u.shape[0]
@@ -129,14 +137,23 @@ class Attention(eqx.Module):
         v = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wv.astype(dtype)), self.bv)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
-        s = jnp.einsum("hne,hme->hnm", q, k)
-        if token_log_weights is not None:
-            s = s + token_log_weights.astype(dtype)[None, None, :]
-        if causal:
-            mask = jnp.tril(jnp.ones((n, n), dtype=bool))
-            s = jnp.where(mask, s, jnp.finfo(dtype).min)
-        p = jax.nn.softmax(s, axis=-1)
-        o = jnp.einsum("hnm,hme->hne", p, v)
+        if impl == "dense":
+            s = jnp.einsum("hne,hme->hnm", q, k)
+            if token_log_weights is not None:
+                s = s + token_log_weights.astype(dtype)[None, None, :]
+            if causal:
+                mask = jnp.tril(jnp.ones((n, n), dtype=bool))
+                s = jnp.where(mask, s, jnp.finfo(dtype).min)
+            p = jax.nn.softmax(s, axis=-1)
+            o = jnp.einsum("hnm,hme->hne", p, v)
+        elif impl in ATTENTION_IMPLS:
+            from ._blocked import blocked_attention, fused_attention
+
+            core = blocked_attention if impl == "blocked" else fused_attention
+            lw = None if token_log_weights is None else token_log_weights.astype(dtype)
+            o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
+        else:
+            raise ValueError(f"`impl`={impl!r} is not known; choose one of {ATTENTION_IMPLS}.")
         out = jnp.einsum("hne,hed->nd", _weighted(o, head_weights), self.wo.astype(dtype))
         if self.bo is not None:
             out = out + self.bo.astype(dtype)

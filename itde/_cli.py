@@ -103,10 +103,13 @@ def cmd_solve(args) -> int:
 
 
 def cmd_converge(args) -> int:
+    import dataclasses
+
     import jax
 
     jax.config.update("jax_enable_x64", True)
     from ._converge import format_table, run_depth_study, write_outputs
+    from ._converge_grid import run_grid_study
 
     source = args.config or "<built-in default>"
     cfg = (
@@ -114,14 +117,25 @@ def cmd_converge(args) -> int:
         if args.config
         else _config.ConvergeExperiment()
     )
-    result = run_depth_study(cfg, progress=not args.no_progress)
+    if args.axis:
+        cfg = dataclasses.replace(cfg, study=dataclasses.replace(cfg.study, axis=args.axis))
+    axis = cfg.study.axis
     p = cfg.problem
-    print(
-        f"itde converge ({source}): axis=depth, {p.n_tokens} tokens x {p.n_features} features, "
-        f"{p.n_heads} heads, activation={p.activation}, T={p.t1}; reference: "
-        f"{result['reference']['solver']}, rtol={cfg.reference.rtol}, "
-        f"{result['reference']['steps']} steps"
-    )
+    if axis == "depth":
+        result = run_depth_study(cfg, progress=not args.no_progress)
+        ref = result["reference"]
+        print(
+            f"itde converge ({source}): axis=depth, {p.n_tokens} tokens x {p.n_features} "
+            f"features, {p.n_heads} heads, activation={p.activation}, T={p.t1}; reference: "
+            f"{ref['solver']}, rtol={cfg.reference.rtol}, {ref['steps']} steps"
+        )
+    else:
+        result = run_grid_study(cfg, axis, progress=not args.no_progress)
+        print(
+            f"itde converge ({source}): axis={axis}, function kernels ({cfg.study.modes} "
+            f"modes), {p.n_heads} heads, activation={p.activation}; error of "
+            f"J = int g u(T) against Gauss-Legendre with {cfg.study.reference_nodes} nodes"
+        )
     print(format_table(result))
     if p.activation == "relu":
         print(
@@ -145,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="TOML file (default: configs/convergence.toml's values)")
     p.add_argument("--out", help="output directory (default: [study].out of the config)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--axis",
+        choices=["depth", "tokens", "features", "all"],
+        help="what to refine (default: [study].axis of the config, 'depth')",
+    )
     p.set_defaults(func=cmd_converge)
     args = parser.parse_args(argv)
     try:

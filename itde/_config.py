@@ -246,10 +246,25 @@ class StudyConfig:
     """What is refined and how (the `[study]` table). `steps` are numbers of depth
     steps over [0, t1]; `schemes` are names in `itde._registry.SCHEMES`."""
 
-    axis: typing.Literal["depth"] = "depth"
+    axis: typing.Literal["depth", "tokens", "features", "all"] = "depth"
     schemes: tuple[str, ...] = ("lie", "strang", "parallel", "euler", "heun", "rk4", "tsit5")
     steps: tuple[int, ...] = (4, 8, 16, 32, 64)
     out: str = "runs/convergence"
+    # grid axes (tokens / features / all): one row per quadrature rule, refined over
+    # `nodes` against a Gauss-Legendre reference with `reference_nodes`
+    rules: tuple[str, ...] = (
+        "midpoint",
+        "trapezoid",
+        "simpson",
+        "gauss-legendre",
+        "periodic-trapezoid",
+    )
+    nodes: tuple[int, ...] = (16, 32, 64, 128)
+    reference_nodes: int = 192
+    layers: int = 2
+    modes: int = 5
+    kernel_scale: float = 0.5
+    decay: float = 0.5
 
     def __post_init__(self):
         from ._registry import SCHEMES
@@ -263,6 +278,30 @@ class StudyConfig:
             raise ConfigError(f"`study.steps` needs >= 2 positive step counts, got {self.steps}")
         if list(self.steps) != sorted(set(self.steps)):
             raise ConfigError(f"`study.steps` must be strictly increasing, got {self.steps}")
+        from ._quadrature import RULES
+
+        for r in self.rules:
+            if r not in RULES:
+                raise ConfigError(
+                    f"`study.rules` holds {r!r}, not a quadrature rule; choose from {sorted(RULES)}"
+                )
+        if (
+            len(self.nodes) < 2
+            or list(self.nodes) != sorted(set(self.nodes))
+            or min(self.nodes) < 3
+        ):
+            raise ConfigError(
+                f"`study.nodes` needs >= 2 strictly increasing node counts >= 3, got {self.nodes}"
+            )
+        if self.reference_nodes <= max(self.nodes):
+            raise ConfigError(
+                f"`study.reference_nodes`={self.reference_nodes} must exceed the finest of "
+                f"`study.nodes` ({max(self.nodes)})"
+            )
+        positive("study.kernel_scale", self.kernel_scale)
+        positive("study.decay", self.decay)
+        positive("study.layers", self.layers)
+        positive("study.modes", self.modes)
 
 
 @dataclasses.dataclass(frozen=True)

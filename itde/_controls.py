@@ -56,6 +56,11 @@ class Block(eqx.Module):
         )
 
 
+def _n_features(block) -> int | None:
+    att = block.attention
+    return att.wq.shape[-2] if isinstance(att, Attention) else None
+
+
 def stack(blocks: list[Block]) -> Block:
     """Stack per-layer controls along a new leading (depth) axis."""
     structures = {jax.tree_util.tree_structure(b) for b in blocks}
@@ -97,8 +102,9 @@ class PiecewiseConstant(eqx.Module):
         return self.t0 + self.n_layers * self.width
 
     @property
-    def n_features(self) -> int:
-        return self.values.attention.wq.shape[-2]
+    def n_features(self) -> int | None:
+        """The discrete kernels' feature count (None for function kernels)."""
+        return _n_features(self.values)
 
     def index(self, t, side: str = "right") -> Float[Array, ""]:
         s = (jnp.asarray(t) - self.t0) / self.width
@@ -152,8 +158,9 @@ class LegendreControls(eqx.Module):
         return int(jax.tree.leaves(self.coeffs)[0].shape[0])
 
     @property
-    def n_features(self) -> int:
-        return self.coeffs.attention.wq.shape[-2]
+    def n_features(self) -> int | None:
+        """The discrete kernels' feature count (None for function kernels)."""
+        return _n_features(self.coeffs)
 
     @property
     def width(self) -> float:
@@ -190,6 +197,7 @@ class LegendreControls(eqx.Module):
         key: PRNGKeyArray,
         *,
         n_modes: int,
+        block_init=None,
         t1: float = 1.0,
         amplitude: float = 0.3,
         sigma1: tuple[float, ...] = (0.0, 0.2),
@@ -199,18 +207,21 @@ class LegendreControls(eqx.Module):
         """Random smooth controls: a random block for mode 0, random blocks scaled by
         `amplitude / c**2` for modes $c \\ge 1$, and the constraint set moving as the
         Legendre series with coefficients `sigma1`, `sigma2` (no per-feature affine map,
-        so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$)."""
+        so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$).
+        `block_init` (default `Block.init`, or e.g. `FunctionBlock.init`) builds each
+        mode's block from `key` and `block_kwargs`."""
         keys = jax.random.split(key, n_modes)
         blocks = []
+        make = Block.init if block_init is None else block_init
         for c, k in enumerate(keys):
-            b = Block.init(k, **block_kwargs)
+            b = make(k, **block_kwargs)
             scale = 1.0 if c == 0 else amplitude / c**2
             b = jax.tree.map(lambda a: a * scale, b)
             blocks.append(b)
         coeffs = stack(blocks)
 
         def sig(vals):
-            v = jnp.zeros((n_modes,), coeffs.attention.wq.dtype)
+            v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)
             return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes]))
 
         norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)

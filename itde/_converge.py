@@ -140,17 +140,19 @@ def _order(dts, errors) -> float:
 
 def format_table(result: dict) -> str:
     rows = result["results"]
-    n = len(rows[0]["dt"])
-    head = f"{'scheme':<10}{'expected':>9}{'observed':>9}  " + "".join(
-        f"{'dt=' + format(dt, '.4g'):>11}" for dt in rows[0]["dt"]
+    key = "dt" if "dt" in rows[0] else "n"
+    width = max(10, max(len(r["scheme"]) for r in rows) + 1)
+    head = (
+        f"{'scheme' if key == 'dt' else 'rule':<{width}}{'expected':>9}{'observed':>9}  "
+        + "".join(f"{key + '=' + format(v, '.4g'):>11}" for v in rows[0][key])
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         errs = "".join(f"{e:>11.2e}" for e in r["errors"])
-        lines.append(
-            f"{r['scheme']:<10}{r['expected_order']:>9.0f}{r['observed_order']:>9.2f}  {errs}"
-        )
-    del n
+        exp = "geom" if r["expected_order"] is None else f"{r['expected_order']:.0f}"
+        lines.append(f"{r['scheme']:<{width}}{exp:>9}{r['observed_order']:>9.2f}  {errs}")
+        if r.get("n") != rows[0].get("n") and key == "n":
+            lines[-1] += f"   (n = {r['n']})"
     return "\n".join(lines)
 
 
@@ -161,14 +163,15 @@ def plot_study(result: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
     for i, r in enumerate(result["results"]):
         c = f"C{i % 10}"
-        dt, e = np.asarray(r["dt"]), np.asarray(r["errors"])
+        dt = np.asarray(r["dt"]) if "dt" in r else 1.0 / np.asarray(r["n"], dtype=float)
+        e = np.maximum(np.asarray(r["errors"]), 1e-17)
         ax.loglog(dt, e, "o-", color=c, label=f"{r['scheme']} ({r['observed_order']:.2f})")
         p = r["expected_order"]
         anchor = np.argmin(dt)
-        if e[anchor] > 0 and math.isfinite(p):
+        if p is not None and e[anchor] > 0 and math.isfinite(p):
             ax.loglog(dt, e[anchor] * (dt / dt[anchor]) ** p, ":", color=c, alpha=0.6)
     axis = result["axis"]
-    ax.set_xlabel("depth step $\\Delta t$" if axis == "depth" else "grid spacing")
+    ax.set_xlabel("depth step $\\Delta t$" if axis == "depth" else "1 / number of nodes")
     ax.set_ylabel("max error against the reference")
     ax.set_title(f"convergence in {axis} (dotted: expected slopes)")
     ax.legend(fontsize=8)
@@ -179,7 +182,8 @@ def plot_study(result: dict, path: Path) -> Path:
 
 def write_outputs(result: dict, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    js = out / "convergence.json"
+    axis = result["axis"]
+    js = out / ("convergence.json" if axis == "depth" else f"convergence_{axis}.json")
     tmp = js.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(js)

@@ -6,6 +6,7 @@ $$u_t = A(u) + \partial I_{S_1(\sigma_1,\sigma_2)}(u) + F(u) + \partial I_{S_1}(
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import diffrax
@@ -17,9 +18,10 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from solvers import ProjectionTerm, SplitTerm
 
-from ._attention import check_heads
+from ._attention import ATTENTION_IMPLS, check_heads
 from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._feedforward import check_activation
+from ._kernels import FunctionAttention, FunctionFeedForward
 from ._layernorm import LayerNormProjection, feature_mean
 from ._quadrature import Grid
 
@@ -60,6 +62,14 @@ class TransformerIDE(eqx.Module):
       $\varepsilon = 0$, slightly different when $\varepsilon > 0$).
     - `final_norm`: an optional projection applied after the solve
       (`nn.TransformerEncoder(norm=...)`).
+    - `attention_impl`: `"dense"`, `"blocked"` (token blocks of `block_size`, memory
+      linear in the number of tokens, same result to round-off) or `"fused"`
+      (`jax.nn.dot_product_attention`; float32 softmax).
+
+    The controls' blocks hold either discrete kernels (matrices on the grid's nodes:
+    [`Block`][itde.Block]) or kernel functions ([`FunctionBlock`][itde.FunctionBlock]),
+    sampled on the grid at every evaluation; then [`on_grid`][] moves the same model to
+    any other grid (zero-shot resolution transfer).
     """
 
     controls: Controls
@@ -67,14 +77,21 @@ class TransformerIDE(eqx.Module):
     causal: bool = eqx.field(static=True, default=False)
     ffn_form: str = eqx.field(static=True, default="residual")
     final_norm: LayerNormProjection | None = None
+    attention_impl: str = eqx.field(static=True, default="dense")
+    block_size: int = eqx.field(static=True, default=512)
 
     def __check_init__(self):
         if self.ffn_form not in FFN_FORMS:
             raise ValueError(
                 f"`ffn_form`={self.ffn_form!r} is not known; choose one of {FFN_FORMS}."
             )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"`attention_impl`={self.attention_impl!r} is not known; choose one of "
+                f"{ATTENTION_IMPLS}."
+            )
         d = self.controls.n_features
-        if self.grid.n_features != d:
+        if d is not None and self.grid.n_features != d:
             raise ValueError(
                 f"`grid.n_features`={self.grid.n_features} does not match the kernels' "
                 f"feature count {d}; build the grid with n_features={d}."
@@ -162,18 +179,29 @@ class TransformerIDE(eqx.Module):
 
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t`."""
-        theta = self.controls(t, "right")
-        return theta.attention(
+        att = self.controls(t, "right").attention
+        head_weights = None
+        if isinstance(att, FunctionAttention):
+            head_weights = _unit_or(att.head_weights())
+            att = att.sample(self.grid)
+        return att(
             u,
             feature_weights=self._feature_weights(),
+            head_weights=head_weights,
             token_log_weights=self._token_log_weights(u.shape[0], u.dtype),
             causal=self.causal,
+            impl=self.attention_impl,
+            block_size=self.block_size,
         )
 
     def feedforward_field(self, t, u, args=None):
         """The vector field $F(u)$ at depth `t` (or $\\tfrac12(F(u) - u)$, relaxation form)."""
-        theta = self.controls(t, "right")
-        f = theta.feedforward(u, feature_weights=self._feature_weights())
+        ff = self.controls(t, "right").feedforward
+        hidden_weights = None
+        if isinstance(ff, FunctionFeedForward):
+            hidden_weights = _unit_or(ff.hidden_weights())
+            ff = ff.sample(self.grid)
+        f = ff(u, feature_weights=self._feature_weights(), hidden_weights=hidden_weights)
         if self.ffn_form == "relaxation":
             return 0.5 * (f - u)
         return f
@@ -268,6 +296,39 @@ class TransformerIDE(eqx.Module):
         else:
             raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
         return SplitTerm(flows)
+
+    def on_grid(
+        self,
+        grid: Grid,
+        *,
+        n_head_nodes: int | None = None,
+        n_hidden_nodes: int | None = None,
+        head_rule=None,
+        hidden_rule=None,
+    ) -> TransformerIDE:
+        """The same model on another token × feature grid (and optionally other head and
+        hidden quadratures): zero-shot resolution transfer. Needs function kernels
+        (`FunctionBlock` controls); discrete kernels are matrices tied to their grid."""
+        from ._function_model import with_resolution
+
+        if self.controls.n_features is not None:
+            raise TypeError(
+                "`on_grid` needs a model whose kernels are functions (FunctionBlock "
+                "controls); this model holds discrete kernels for "
+                f"{self.controls.n_features} feature nodes, which exist on one grid only."
+            )
+        if not isinstance(grid, Grid):
+            raise TypeError(f"`grid` must be an itde.Grid, got {type(grid).__name__}.")
+        controls = self.controls
+        if any(v is not None for v in (n_head_nodes, n_hidden_nodes, head_rule, hidden_rule)):
+            controls = with_resolution(
+                controls,
+                n_head_nodes=n_head_nodes,
+                n_hidden_nodes=n_hidden_nodes,
+                head_rule=head_rule,
+                hidden_rule=hidden_rule,
+            )
+        return dataclasses.replace(self, controls=controls, grid=grid)
 
     # ----------------------------------------------------------------- solving
     def check_state(self, u0, name: str = "u0"):

@@ -157,7 +157,8 @@ class PeriodicTrapezoid(AbstractQuadrature):
     r"""Trapezoid rule for periodic integrands: $N$ equispaced nodes $a + k h$, $h = L/N$.
 
     Exact for trigonometric polynomials of degree $< N$; geometric convergence for
-    analytic periodic integrands (order 2 only for non-periodic ones).
+    analytic periodic integrands. For a non-periodic integrand it is a left Riemann
+    sum: order 1 only.
     """
 
     name: ClassVar[str] = "periodic-trapezoid"
@@ -165,6 +166,9 @@ class PeriodicTrapezoid(AbstractQuadrature):
 
     def _reference(self, n):
         return np.arange(n) / n, np.full(n, 1.0 / n)
+
+    # NB: for a non-periodic integrand it drops the right end point: a left Riemann sum,
+    # order 1 only.
 
 
 RULES: dict[str, type[AbstractQuadrature]] = {
@@ -192,7 +196,8 @@ class Grid(eqx.Module):
     **Arguments:**
 
     - `tokens`: the rule on the token domain $\Omega_x$ (its number of nodes is taken
-      from the state at call time).
+      from the state at call time), or a `TensorGrid2D` for a 2-D token domain (image
+      patches), whose node count is fixed.
     - `features`: the rule on the feature domain $\Omega_y$.
     - `n_features`: the number of feature nodes $N_y$ (the model width).
     """
@@ -202,7 +207,14 @@ class Grid(eqx.Module):
     n_features: int = eqx.field(static=True)
 
     def __check_init__(self):
-        for name in ("tokens", "features"):
+        from ._grid2d import TensorGrid2D
+
+        if not isinstance(self.tokens, (AbstractQuadrature, TensorGrid2D)):
+            raise TypeError(
+                "`Grid(tokens=...)` must be a quadrature rule such as `Midpoint()` or a "
+                f"2-D `TensorGrid2D`, got {self.tokens!r}."
+            )
+        for name in ("features",):
             rule = getattr(self, name)
             if not isinstance(rule, AbstractQuadrature):
                 raise TypeError(

@@ -64,7 +64,11 @@ def solve(
     - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
       (default for `LieTrotter`), `"split"` (default for `Strang` and
       `ParallelSplitting`), `"tangent"` (default for any other solver, e.g.
-      `solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`.
+      `solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`. For the continuum
+      kinds (`"split"`, `"tangent"`) the solution starts from $P_{S_1(t_0)}(u_0)$: the
+      equation lives on the constraint set, and the projection term moves the initial
+      condition onto it at $t_0^+$. The `"paper"` kind starts from `u0` itself (the
+      Transformer's first block sees the unnormalised embedding).
     """
     if not isinstance(model, TransformerIDE):
         raise TypeError(f"`model` must be an itde.TransformerIDE, got {type(model).__name__}.")
@@ -109,6 +113,10 @@ def solve(
         else:
             terms = "tangent"
     if isinstance(terms, str):
+        if terms in ("split", "tangent"):
+            # the continuum equation lives on S1(t): its solution starts from the
+            # projection of the initial condition, u(t0+) = P_{S1(t0)}(f)
+            u0 = model.project(t0, u0)
         terms = model.terms(terms)
     # diffrax promotes the state to the dtype of the times: keep the state's precision.
     tdtype = u0.dtype

@@ -1,0 +1,110 @@
+"""Resolution-independent models: per-layer (or smooth-in-depth) blocks of function kernels,
+sampled on any token × feature grid."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import PRNGKeyArray
+
+from ._controls import LegendreControls, PiecewiseConstant, stack
+from ._kernels import AbstractBasis, FunctionAttention, FunctionFeedForward
+from ._layernorm import LayerNormProjection
+from ._quadrature import AbstractQuadrature
+
+
+class FunctionBlock(eqx.Module):
+    r"""One layer's controls as functions: attention and feed-forward kernels
+    $W(\xi, y)$ on the feature, head and hidden domains, and the constraint set
+    $S_1(\sigma_1, \sigma_2)$ (scalar, so it is meaningful on every grid).
+
+    The model samples the kernels at the grid's nodes at every evaluation, so the same
+    object runs on any grid (`TransformerIDE.on_grid`).
+    """
+
+    attention: FunctionAttention
+    norm1: LayerNormProjection
+    feedforward: FunctionFeedForward
+    norm2: LayerNormProjection
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        *,
+        n_heads: int,
+        feature_basis: AbstractBasis,
+        head_basis: AbstractBasis,
+        hidden_basis: AbstractBasis,
+        head_rule: AbstractQuadrature,
+        n_head_nodes: int,
+        hidden_rule: AbstractQuadrature,
+        n_hidden_nodes: int,
+        activation: str = "gelu",
+        eps: float = 0.0,
+        scale: float = 1.0,
+        decay: float = 0.7,
+        dtype=None,
+    ) -> FunctionBlock:
+        """Random smooth kernels and the unit constraint set $S_1(0, 1)$."""
+        dtype = dtype or jnp.zeros(()).dtype
+        ka, kf = jax.random.split(key)
+        att = FunctionAttention.init(
+            ka,
+            n_heads=n_heads,
+            feature_basis=feature_basis,
+            head_basis=head_basis,
+            head_rule=head_rule,
+            n_head_nodes=n_head_nodes,
+            scale=scale,
+            decay=decay,
+            dtype=dtype,
+        )
+        ff = FunctionFeedForward.init(
+            kf,
+            feature_basis=feature_basis,
+            hidden_basis=hidden_basis,
+            hidden_rule=hidden_rule,
+            n_hidden_nodes=n_hidden_nodes,
+            activation=activation,
+            scale=scale,
+            decay=decay,
+            dtype=dtype,
+        )
+        norm = LayerNormProjection(jnp.zeros((), dtype), jnp.ones((), dtype), None, None, eps)
+        return cls(att, norm, ff, norm)
+
+
+def _unstack(values, n: int):
+    return [jax.tree.map(lambda a, i=i: a[i], values) for i in range(n)]
+
+
+def with_resolution(
+    controls, *, n_head_nodes=None, n_hidden_nodes=None, head_rule=None, hidden_rule=None
+):
+    """The same function-kernel controls with other head / hidden quadratures."""
+
+    def change(block: FunctionBlock) -> FunctionBlock:
+        att, ff = block.attention, block.feedforward
+        att = dataclasses.replace(
+            att,
+            n_head_nodes=att.n_head_nodes if n_head_nodes is None else n_head_nodes,
+            head_rule=att.head_rule if head_rule is None else head_rule,
+        )
+        ff = dataclasses.replace(
+            ff,
+            n_hidden_nodes=ff.n_hidden_nodes if n_hidden_nodes is None else n_hidden_nodes,
+            hidden_rule=ff.hidden_rule if hidden_rule is None else hidden_rule,
+        )
+        return FunctionBlock(att, block.norm1, ff, block.norm2)
+
+    if isinstance(controls, PiecewiseConstant):
+        blocks = [change(b) for b in _unstack(controls.values, controls.n_layers)]
+        return PiecewiseConstant(stack(blocks), controls.t0, controls.width)
+    if isinstance(controls, LegendreControls):
+        blocks = [change(b) for b in _unstack(controls.coeffs, controls.n_modes)]
+        return LegendreControls(stack(blocks), controls.t0, controls.t1)
+    raise TypeError(f"unsupported controls {type(controls).__name__}")

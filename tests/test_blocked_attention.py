@@ -1,0 +1,111 @@
+"""Blocked (online-softmax) attention equals the dense reference, values and gradients."""
+
+import math
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from itde._blocked import blocked_attention, dense_attention, fused_attention  # noqa: E402
+
+
+def _inputs(n, dtype, heads=2, e=8, seed=0):
+    kq, kk, kv, kw = jax.random.split(jax.random.PRNGKey(seed + n), 4)
+    q = jax.random.normal(kq, (heads, n, e), dtype) / math.sqrt(e)
+    k = jax.random.normal(kk, (heads, n, e), dtype)
+    v = jax.random.normal(kv, (heads, n, e), dtype)
+    w = jax.random.uniform(kw, (n,), dtype, 0.1, 3.0)  # non-uniform quadrature weights
+    return q, k, v, jnp.log(w)
+
+
+TOL = {jnp.float64: 1e-12, jnp.float32: 1e-5}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,block", [(1, 4), (37, 8), (64, 16), (100, 16)])
+def test_blocked_equals_dense(n, block, causal, dtype):
+    q, k, v, lw = _inputs(n, dtype)
+    ref = dense_attention(q, k, v, token_log_weights=lw, causal=causal)
+    got = blocked_attention(q, k, v, token_log_weights=lw, causal=causal, block_size=block)
+    assert got.shape == ref.shape and got.dtype == ref.dtype == q.dtype == dtype
+    np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocked_without_weights_and_block_larger_than_tokens(causal):
+    q, k, v, _ = _inputs(13, jnp.float64)
+    ref = dense_attention(q, k, v, causal=causal)
+    for block in (5, 13, 512, None):
+        got = blocked_attention(q, k, v, causal=causal, block_size=block)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
+
+
+def test_blocked_jit_matches():
+    q, k, v, lw = _inputs(50, jnp.float64)
+    f = jax.jit(lambda *a: blocked_attention(*a[:3], token_log_weights=a[3], block_size=16))
+    np.testing.assert_allclose(
+        f(q, k, v, lw), dense_attention(q, k, v, token_log_weights=lw), rtol=0, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,block", [(23, 8), (32, 8)])
+def test_gradients_blocked_equal_dense(n, block, causal):
+    q, k, v, lw = _inputs(n, jnp.float64)
+    ct = jax.random.normal(jax.random.PRNGKey(9), q.shape, q.dtype)
+
+    def loss(fn, *args):
+        return jnp.sum(
+            jnp.tanh(fn(*args[:3], token_log_weights=args[3], causal=causal, block_size=block)) * ct
+        )
+
+    g_ref = jax.grad(lambda *a: loss(dense_attention, *a), argnums=(0, 1, 2, 3))(q, k, v, lw)
+    g_blk = jax.grad(lambda *a: loss(blocked_attention, *a), argnums=(0, 1, 2, 3))(q, k, v, lw)
+    for a, b in zip(g_blk, g_ref):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_forward_mode_derivative_blocked_equals_dense():
+    q, k, v, lw = _inputs(19, jnp.float64)
+    dq = jax.random.normal(jax.random.PRNGKey(3), q.shape, q.dtype)
+    f = lambda fn: lambda x: fn(x, k, v, token_log_weights=lw, causal=True, block_size=8)  # noqa: E731
+    _, t_ref = jax.jvp(f(dense_attention), (q,), (dq,))
+    _, t_blk = jax.jvp(f(blocked_attention), (q,), (dq,))
+    np.testing.assert_allclose(t_blk, t_ref, rtol=0, atol=1e-12)
+
+
+# `jax.nn.dot_product_attention` (XLA path) always takes the softmax in float32, even for
+# float64 inputs, so the fused path is float32-accurate whatever the dtype.
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_equals_dense(causal, dtype):
+    q, k, v, lw = _inputs(29, dtype)
+    ref = dense_attention(q, k, v, token_log_weights=lw, causal=causal)
+    got = fused_attention(q, k, v, token_log_weights=lw, causal=causal)
+    assert got.dtype == ref.dtype
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+    got = fused_attention(q, k, v, causal=causal)
+    np.testing.assert_allclose(got, dense_attention(q, k, v, causal=causal), rtol=0, atol=1e-5)
+
+
+def test_uniform_log_weight_cancels():
+    q, k, v, _ = _inputs(21, jnp.float64)
+    ref = blocked_attention(q, k, v, block_size=8)
+    got = blocked_attention(q, k, v, token_log_weights=jnp.full((21,), -3.7), block_size=8)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-13)
+
+
+def test_bad_arguments_raise():
+    q, k, v, lw = _inputs(10, jnp.float64)
+    with pytest.raises(ValueError, match="block_size"):
+        blocked_attention(q, k, v, block_size=0)
+    with pytest.raises(ValueError, match="token_log_weights"):
+        blocked_attention(q, k, v, token_log_weights=lw[:5])
+    with pytest.raises(ValueError, match="heads, tokens, head_dim"):
+        dense_attention(q[0], k[0], v[0])
