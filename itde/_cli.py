@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         help="what to refine (default: [study].axis of the config, 'depth')",
     )
     p.set_defaults(func=cmd_converge)
+    from ._train_cli import add_train_commands
+
+    add_train_commands(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

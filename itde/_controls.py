@@ -222,7 +222,7 @@ class LegendreControls(eqx.Module):
 
         def sig(vals):
             v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)
-            return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes]))
+            return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes], v.dtype))
 
         norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)
         coeffs = eqx.tree_at(lambda b: (b.norm1, b.norm2), coeffs, (norm, norm))

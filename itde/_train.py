@@ -1,0 +1,370 @@
+r"""Training: the control problem of the paper — minimise the loss of $u(\cdot, \cdot, T)$ over
+the controls $\theta(t)$ — solved by AdamW through the depth solve.
+
+**The step.** [`make_step`][] returns `step(model, opt_state, batch) -> (model,
+opt_state, loss)`, a pure function under `eqx.filter_jit`: the loss is the batch mean of
+the per-example loss (`jax.vmap` of the model), its gradient flows back through
+`itde.solve` with `diffrax.RecursiveCheckpointAdjoint` (discretise-then-optimise: the
+exact gradient of the discrete scheme), and the update is
+`optax.chain(clip_by_global_norm, adamw)` with a linear warm-up and cosine decay. With
+`[run] dtype = "bfloat16"` the forward and backward passes run on a bfloat16 copy of the
+parameters and inputs; the master parameters, gradients and optimiser state stay float32.
+
+**Data parallelism.** The batch axis is sharded over a 1-D `jax.sharding.Mesh` named
+`"batch"` of all devices (`NamedSharding(mesh, PartitionSpec("batch"))`); parameters and
+optimiser state are replicated (`PartitionSpec()`), and XLA inserts the gradient
+all-reduce. The batch size must be a multiple of the device count. On a CPU, test with
+`XLA_FLAGS=--xla_force_host_platform_device_count=2` set before JAX starts.
+
+**Multi-host.** Call `jax.distributed.initialize()` (arguments or the cluster's
+environment: coordinator address, process count and id) in every process before anything
+else touches JAX, then run the same `itde train` command on every host. `jax.devices()`
+is then the global device list, so the mesh spans all hosts; every process computes the
+same global batch from `(seed, step)` and `jax.make_array_from_callback` places only its
+own shards on its devices. Only process 0 writes the checkpoint, metrics and plot;
+`--resume` must see the same directory on process 0 (a shared filesystem).
+
+**Reproducibility.** Initialisation, the training batches and the held-out data are pure
+functions of `optim.seed` (`fold_in(key(seed), 0 | 1 | 2)`; batch $s$ from
+`fold_in(data_key, s)`), so a run resumed from its step-$k$ checkpoint ends bit-for-bit
+equal to an uninterrupted run (same devices and versions).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from . import _train_checkpoint as ckpt
+from ._layernorm import LayerNormProjection
+from ._train_config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
+from ._train_data import TaskData, evaluate
+from ._train_model import build_model, loss_fn
+
+COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+_DECAYED = ("wq", "wk", "wv", "wo", "w1", "w2", "embedding", "position", "readout", "lift")
+
+
+# ----------------------------------------------------------------------- optimiser
+def make_schedule(o) -> optax.Schedule:
+    """Linear warm-up from 0 to `lr` over `warmup` steps, cosine decay to
+    `lr * final_lr_ratio` at `steps`."""
+    return optax.warmup_cosine_decay_schedule(
+        0.0, o.lr, o.warmup, o.steps, end_value=o.lr * o.final_lr_ratio
+    )
+
+
+def _decay_mask(params):
+    """Weight decay on kernels and embeddings only (not biases or constraint sets)."""
+
+    def decide(path, leaf):
+        names = {getattr(k, "name", None) for k in path}
+        return leaf is not None and bool(names & set(_DECAYED))
+
+    return jax.tree_util.tree_map_with_path(decide, params)
+
+
+def _labels(params):
+    r"""`"frozen"` for the scalars $\sigma_1, \sigma_2$ of a constraint set that also has a
+    per-feature gain (then $u \mapsto g(\sigma_2 z + \sigma_1) + \beta$ makes them
+    redundant, and PyTorch's LayerNorm has no such parameters); `"train"` elsewhere."""
+
+    def label(node):
+        if not isinstance(node, LayerNormProjection):
+            return jax.tree.map(lambda _: "train", node)
+        out = jax.tree.map(lambda _: "train", node)
+        if node.gain is not None:
+            out = eqx.tree_at(lambda n: (n.sigma1, n.sigma2), out, ("frozen", "frozen"))
+        return out
+
+    is_norm = lambda x: isinstance(x, LayerNormProjection)  # noqa: E731
+    return jax.tree.map(label, params, is_leaf=is_norm)
+
+
+@functools.lru_cache(maxsize=32)
+def make_optimizer(o) -> optax.GradientTransformation:
+    """`clip_by_global_norm(clip_norm)` then AdamW on [`make_schedule`][], for every
+    parameter but the redundant constraint-set scalars (see `_labels`). Cached per
+    `[optim]` table, so that equal configs share one compiled step."""
+    adamw = optax.chain(
+        optax.clip_by_global_norm(o.clip_norm),
+        optax.adamw(
+            make_schedule(o), b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=_decay_mask
+        ),
+    )
+    return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, _labels)
+
+
+@eqx.filter_jit
+def train_step(model, opt_state, batch, optimizer, task: str, compute_dtype=None):
+    """One step of `optimizer` on the loss of `batch`: `(model, opt_state, loss)`.
+
+    Pure in `(model, opt_state, batch)`; `optimizer`, `task` and `compute_dtype` are
+    static (compiled in)."""
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, batch, task, compute_dtype)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+
+def make_step(optimizer: optax.GradientTransformation, task: str, compute_dtype=None):
+    """The training step as a function of `(model, opt_state, batch)` only."""
+    return functools.partial(
+        train_step, optimizer=optimizer, task=task, compute_dtype=compute_dtype
+    )
+
+
+# ----------------------------------------------------------------------- sharding
+def make_mesh(devices=None) -> Mesh:
+    """A 1-D data-parallel mesh named `"batch"` over `devices` (default: all devices)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), ("batch",))
+
+
+def check_batch(batch_size: int, mesh: Mesh, what: str = "`optim.batch_size`") -> None:
+    n = mesh.size
+    if batch_size % n:
+        up = -(-batch_size // n) * n
+        raise ValueError(
+            f"{what}={batch_size} is not divisible by the {n} devices of the data-parallel "
+            f"mesh; set it to a multiple of {n} (e.g. {up}), or run on fewer devices "
+            "(CUDA_VISIBLE_DEVICES / XLA_FLAGS)."
+        )
+
+
+def scalar(x) -> float:
+    """A replicated scalar as a Python float (on any host of a multi-host mesh)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(x)
+
+
+def place(tree, sharding: NamedSharding):
+    """Put every array leaf of `tree` on `sharding` (works across hosts: each process
+    supplies only its addressable shards, from the same global value)."""
+
+    def put(x):
+        if not eqx.is_array(x):
+            return x
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(put, tree)
+
+
+# ----------------------------------------------------------------------- the run
+class Run:
+    """Everything a run needs, built from a config: data, model template, optimiser,
+    keys, mesh. Used by `train`, and by `eval` / `sample` to rebuild a checkpoint."""
+
+    def __init__(self, cfg: TrainExperiment, devices=None):
+        self.cfg = cfg
+        self.data = TaskData(cfg.task)
+        root = jax.random.key(cfg.optim.seed)
+        self.init_key = jax.random.fold_in(root, 0)
+        self.data_key = jax.random.fold_in(root, 1)
+        self.eval_key = jax.random.fold_in(root, 2)
+        self.mesh = make_mesh(devices)
+        check_batch(cfg.optim.batch_size, self.mesh)
+        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.optimizer = make_optimizer(cfg.optim)
+        self.schedule = make_schedule(cfg.optim)
+        self.compute_dtype = COMPUTE_DTYPES[cfg.run.dtype]
+
+    def init_state(self):
+        model = build_model(self.cfg, self.init_key, vocab=self.data.vocab)
+        opt_state = self.optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+        return model, opt_state
+
+    def meta(self) -> dict:
+        return {
+            "config": to_dict(self.cfg),
+            "data_key": np.asarray(jax.random.key_data(self.data_key)).tolist(),
+            "data_key_impl": str(jax.random.key_impl(self.data_key)),
+            "task": self.data.meta,
+        }
+
+    def batch(self, step: int):
+        x, y = self.data.train_batch(
+            jax.random.fold_in(self.data_key, step), self.cfg.optim.batch_size
+        )
+        return place((x, y), self.batch_sharding)
+
+    def eval_chunks(self, size: int | None = None, data: TaskData | None = None):
+        """The held-out set, `size` examples (default `task.eval_size`) rounded up to whole
+        batches, as sharded chunks; fixed by the seed."""
+        data = self.data if data is None else data
+        bs = self.cfg.optim.batch_size
+        n = math.ceil((size or self.cfg.task.eval_size) / bs)
+        return [
+            place(data.eval_batch(jax.random.fold_in(self.eval_key, i), bs), self.batch_sharding)
+            for i in range(n)
+        ]
+
+    def check_meta(self, meta: dict, directory) -> None:
+        """Raise if a checkpoint's data stream or task data differs from this run's."""
+        mine = self.meta()
+        for key in ("data_key", "data_key_impl", "task"):
+            if meta.get(key) != mine[key]:
+                raise ckpt.CheckpointError(
+                    f"checkpoint {str(directory)!r} was written with another `{key}` than this "
+                    "run reproduces (a different seed, PRNG implementation or data file); "
+                    "resuming would not continue the same run"
+                )
+
+    def restore(self, directory, meta: dict | None = None):
+        """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh."""
+        template = self.init_state()
+        meta = ckpt.read_meta(directory) if meta is None else meta
+        self.check_meta(meta, directory)
+        (model, opt_state), meta = ckpt.load(directory, template, meta)
+        return place(model, self.replicated), place(opt_state, self.replicated), meta
+
+
+def config_for_resume(directory, cfg: TrainExperiment | None, source: str):
+    """The config of a resumed run: the checkpoint's, or `cfg` if it agrees with it on
+    everything but the keys in `RESUMABLE_KEYS`."""
+    meta = ckpt.read_meta(directory)
+    from ._train_config import from_dict
+
+    stored = from_dict(TrainExperiment, meta["config"], f"{directory}/{ckpt.SIDECAR}")
+    if cfg is None:
+        return stored, meta
+    diff = [k for k in differences(to_dict(cfg), meta["config"]) if k not in RESUMABLE_KEYS]
+    if diff:
+        raise ConfigError(
+            f"{source}: cannot resume {str(directory)!r} with this config: it differs from the "
+            f"checkpoint's in {diff} (only {sorted(RESUMABLE_KEYS)} may change); omit "
+            "--config to resume with the checkpoint's own config"
+        )
+    return cfg, meta
+
+
+def _read_metrics(path: Path, upto: int) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= upto]
+
+
+def train(
+    cfg: TrainExperiment | None = None,
+    *,
+    out: str | Path | None = None,
+    resume: str | Path | None = None,
+    devices=None,
+    source: str = "<built-in default>",
+    stop_at: int | None = None,
+    progress: bool | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Train a model; write `metrics.jsonl`, `loss_curve.png` and checkpoints into `out`.
+
+    **Arguments:**
+
+    - `cfg`: the experiment (default: the built-in sort task); with `resume` it may be
+      None (use the checkpoint's config) or must agree with the checkpoint's.
+    - `out`: output directory (default `resume`, else `cfg.run.out`).
+    - `resume`: a checkpoint directory to continue from, exactly.
+    - `devices`: the devices of the data-parallel mesh (default all).
+    - `source`: the config's file name, for error messages.
+    - `stop_at`: stop after this step (after its checkpoint, if one is due), as if the
+      run were killed there; for tests and time-sliced jobs.
+    - `progress`: show a tqdm bar (default `cfg.run.progress`).
+    - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
+
+    **Returns:** a summary dict: final step, loss, evaluation metrics, wall time, paths.
+    """
+    meta = None
+    if resume is not None:
+        cfg, meta = config_for_resume(resume, cfg, source)
+    cfg = TrainExperiment() if cfg is None else cfg
+    run = Run(cfg, devices)
+    if out is None:
+        out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
+    out = Path(out)
+    if resume is None and not overwrite and (out / ckpt.SIDECAR).is_file():
+        raise ckpt.CheckpointError(
+            f"{str(out)!r} already holds a checkpoint (step "
+            f"{ckpt.read_meta(out)['step']}); continue it with --resume {out}, write "
+            "elsewhere with --out, or replace it with --overwrite"
+        )
+    is_main = jax.process_index() == 0
+    if resume is not None:
+        model, opt_state, meta = run.restore(resume, meta)
+        start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
+        rows = _read_metrics(Path(resume) / "metrics.jsonl", start)
+    else:
+        model, opt_state = run.init_state()
+        model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
+        start, wall0, rows = 0, 0.0, []
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_write(
+            out / "metrics.jsonl",
+            lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()),
+        )
+    total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
+    step_fn = make_step(run.optimizer, cfg.task.name, run.compute_dtype)
+    chunks = run.eval_chunks()
+    show = r.progress if progress is None else progress
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=start, disable=not (show and is_main), desc="itde train")
+    t_start, t_log, n_log = time.perf_counter(), time.perf_counter(), 0
+    done = start
+    last: dict = {}
+    for s in range(start, total):
+        model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
+        done, n_log = s + 1, n_log + 1
+        evaluating = done % r.eval_every == 0 or done == total
+        if done % r.log_every == 0 or evaluating:
+            loss_v = scalar(loss)
+            now = time.perf_counter()
+            rate = n_log * bs / max(now - t_log, 1e-9)
+            t_log, n_log = now, 0
+            row = {
+                "step": done,
+                "loss": loss_v,
+                "lr": float(run.schedule(s)),
+                "wall_s": wall0 + now - t_start,
+                "examples_per_s": rate,
+            }
+            if evaluating:
+                row.update(evaluate(model, chunks, cfg.task.name, run.compute_dtype))
+            last = row
+            if is_main:
+                with open(out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            bar.set_postfix(loss=f"{loss_v:.4g}", ex_s=f"{rate:.0f}")
+        if (done % r.checkpoint_every == 0 or done == total) and is_main:
+            m = run.meta()
+            m["wall_s"] = wall0 + time.perf_counter() - t_start
+            ckpt.save(out, done, (model, opt_state), m)
+        bar.update(1)
+        if stop_at is not None and done >= stop_at:
+            break
+    bar.close()
+    if is_main and start < total:
+        from ._train_plot import plot_metrics
+
+        plot_metrics(_read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png")
+    return {
+        "step": done,
+        "metrics": last,
+        "wall_s": wall0 + time.perf_counter() - t_start,
+        "out": str(out),
+        "model": model,
+        "opt_state": opt_state,
+    }

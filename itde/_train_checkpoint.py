@@ -1,0 +1,203 @@
+"""Checkpoints of a training run: the leaves of `(model, opt_state)` and a JSON sidecar.
+
+A checkpoint directory holds
+
+- `state-<step>.eqx`: `eqx.tree_serialise_leaves((model, opt_state))` (no pickle);
+- `checkpoint.json`: the sidecar — format, step, the name, size and SHA-256 of the leaves
+  file, the config dict, the data-stream key, package versions, the shape and dtype of
+  every array leaf, and task metadata (e.g. a character vocabulary).
+
+Both files are written atomically: to a temporary file in the same directory, flushed and
+`fsync`ed, then `os.replace`d over the final name (and the directory `fsync`ed). The leaves
+file goes first and the sidecar, which names it, last: the sidecar is the commit point,
+so a crash at any moment leaves the previous checkpoint or the new one, never a mix.
+Reading checks everything and raises [`CheckpointError`][] with the reason — a missing,
+truncated, corrupted or mismatched checkpoint is never silently replaced by a fresh start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+
+SIDECAR = "checkpoint.json"
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, truncated, corrupted or does not fit the run."""
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("itde", "jax", "jaxlib", "equinox", "diffrax", "optax", "numpy"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+            out[name] = "unknown"
+    return out
+
+
+def shapes(tree) -> dict[str, list]:
+    """`{path: [shape, dtype]}` for every array leaf of `tree`."""
+    leaves = jax.tree_util.tree_leaves_with_path(eqx.filter(tree, eqx.is_array))
+    return {
+        jax.tree_util.keystr(p): [list(a.shape), str(a.dtype)] for p, a in leaves if a is not None
+    }
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem / OS supports it
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call `write(binary_file)` on a temporary file next to `path`, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _host(x):
+    """A host copy of an array leaf (the first addressable shard of a replicated array)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return np.asarray(x)
+
+
+def save(directory: str | Path, step: int, state, meta: dict) -> Path:
+    """Write the checkpoint of `state = (model, opt_state)` at `step` into `directory`.
+
+    `meta` (JSON-serialisable) is stored in the sidecar with the bookkeeping fields added.
+    Older `state-*.eqx` files of the directory are removed once the sidecar is committed.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"state-{step:08d}.eqx"
+    host_state = jax.tree.map(lambda x: _host(x) if eqx.is_array(x) else x, state)
+    digest = hashlib.sha256()
+    size = 0
+
+    class _Hashing:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            nonlocal size
+            digest.update(b)
+            size += len(b)
+            return self.f.write(b)
+
+    atomic_write(directory / name, lambda f: eqx.tree_serialise_leaves(_Hashing(f), host_state))
+    sidecar = dict(meta)
+    sidecar.update(
+        format=FORMAT,
+        step=int(step),
+        leaves=name,
+        bytes=size,
+        sha256=digest.hexdigest(),
+        versions=versions(),
+        shapes=shapes(state),
+    )
+    text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
+    atomic_write(directory / SIDECAR, lambda f: f.write(text))
+    for old in directory.glob("state-*.eqx"):
+        if old.name != name:
+            with contextlib.suppress(OSError):
+                old.unlink()
+    return directory / SIDECAR
+
+
+def read_meta(directory: str | Path) -> dict:
+    """The sidecar of a checkpoint directory, checked for the fields a resume needs."""
+    directory = Path(directory)
+    path = directory / SIDECAR
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(directory)!r} does not exist; give the `out` directory "
+            "of an earlier `itde train` run"
+        )
+    if not path.is_file():
+        raise CheckpointError(
+            f"{str(directory)!r} holds no checkpoint ({SIDECAR} is missing); it is not the "
+            "output directory of an `itde train` run, or the run stopped before its first "
+            "checkpoint"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON ({e}); the sidecar is damaged")
+    missing = [k for k in ("format", "step", "leaves", "bytes", "sha256", "config", "shapes")
+               if k not in meta]  # fmt: skip
+    if missing or meta.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} is not a format-{FORMAT} itde checkpoint sidecar "
+            f"(missing {missing}, format {meta.get('format')!r})"
+        )
+    return meta
+
+
+def load(directory: str | Path, template, meta: dict | None = None):
+    """Read `(model, opt_state)` from a checkpoint into the structure of `template`.
+
+    Checks, in order: the sidecar, the leaves file's existence, size and SHA-256, and the
+    shape and dtype of every array leaf against `template` (built from the config).
+
+    **Returns:** `(state, meta)`.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory) if meta is None else meta
+    path = directory / meta["leaves"]
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r}: the state file {meta['leaves']!r} named by "
+            f"{SIDECAR} is missing"
+        )
+    raw = path.read_bytes()
+    if len(raw) != meta["bytes"]:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is truncated or damaged: {len(raw)} bytes, the sidecar "
+            f"records {meta['bytes']}"
+        )
+    if hashlib.sha256(raw).hexdigest() != meta["sha256"]:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupted: its SHA-256 differs from the sidecar's"
+        )
+    want = shapes(template)
+    got = meta["shapes"]
+    if want != got:
+        bad = [k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
+        k = bad[0]
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} holds parameters of another model: {len(bad)} "
+            f"leaves differ, e.g. {k}: {got.get(k)} in the checkpoint, {want.get(k)} for this "
+            "config. Resume with the checkpoint's own config (omit --config)."
+        )
+    import io
+
+    state = eqx.tree_deserialise_leaves(io.BytesIO(raw), template)
+    return state, meta

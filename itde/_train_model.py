@@ -1,0 +1,220 @@
+r"""Trainable models: an embedding into the initial condition $f$, the Transformer IDE solved
+in depth, and a linear readout of $u(T)$.
+
+- [`TokenModel`][] (tasks `sort`, `charlm`): token embedding plus a learned positional
+  embedding, so positional information enters through the initial condition
+  $f(x, \cdot)$; logits over the vocabulary at every token.
+- [`FieldModel`][] (task `burgers`): the tokens are the grid points $x_j = 2\pi j/N$ of
+  the periodic domain; the features $[u_0(x), \sin x, \cos x]$ are lifted linearly to the
+  width $d$, and the readout maps $u(x, \cdot, T)$ back to one value, the prediction of
+  the Burgers solution $u(x, t_f)$. The token grid is the periodic trapezoid rule on
+  $[0, 2\pi)$, so attention is a quadrature of an integral and the model can be
+  evaluated on any number of grid points $N$.
+
+Both hold the depth integrator as static fields `scheme` and `dt`: `"lie"` is the paper's
+scheme (Lie splitting over the sub-flows attention, $P_{S_1}$, feed-forward, $P_{S_1}$;
+with $\Delta t = 1$ and per-layer controls a post-LN Transformer), any other name is a
+continuous-depth scheme of `itde._registry.SCHEMES` applied to controls smooth in depth
+(`itde.solve` starts it from the projection of the initial condition onto $S_1(t_0)$,
+on which the continuum equation lives). `with_depth(model, scheme, dt)` re-targets a trained model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from ._controls import LegendreControls, PiecewiseConstant
+from ._equation import TransformerIDE
+from ._quadrature import Grid, Midpoint, PeriodicTrapezoid
+from ._registry import SCHEMES
+from ._solve import solve
+
+__all__ = ["FieldModel", "TokenModel", "build_model", "integrate", "with_depth"]
+
+
+def check_depth(ide: TransformerIDE, scheme: str, dt: float) -> None:
+    """Trace-time check that `scheme` fits the model's controls."""
+    if not (isinstance(dt, int | float) and math.isfinite(dt) and dt > 0):
+        raise ValueError(f"`dt`={dt!r} must be a positive depth step, e.g. dt=1.0.")
+    if scheme == "lie":
+        return
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"`scheme`={scheme!r} is not known; choose 'lie' or one of {sorted(SCHEMES)}."
+        )
+    if isinstance(ide.controls, PiecewiseConstant):
+        raise ValueError(
+            f"`scheme`={scheme!r} integrates the continuum equation, which needs controls "
+            "smooth in depth with the exact projection (eps = 0); this model has per-layer "
+            "controls (trained with scheme 'lie'): evaluate it with scheme 'lie' and any dt."
+        )
+
+
+def integrate(ide: TransformerIDE, u0, scheme: str, dt: float):
+    """$u(T)$ from $u(0) = $ `u0` with the named depth scheme and fixed step `dt`.
+
+    Reverse mode differentiates the discrete scheme exactly (discretise-then-optimise)
+    through `itde.solve`'s default adjoint, `diffrax.RecursiveCheckpointAdjoint` (with one
+    checkpoint per step for these fixed-step solves)."""
+    check_depth(ide, scheme, dt)
+    if scheme == "lie":
+        return solve(ide, u0, dt0=dt).ys[-1]
+    s = SCHEMES[scheme]  # `solve` starts the continuum equation from P_{S1(t0)}(u0)
+    return solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms).ys[-1]
+
+
+def _uniform(key, shape, scale, dtype):
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+
+
+class TokenModel(eqx.Module):
+    r"""Tokens $\to$ logits: $f(x_k) = E[\text{token}_k] + P[k]$, the IDE to depth $T$,
+    then `logits = u(T) W + b`. Call on one sequence of int tokens `[n]`, $n \le$ `context`;
+    batch with `jax.vmap`."""
+
+    embedding: Float[Array, "vocab width"]
+    position: Float[Array, "context width"]
+    ide: TransformerIDE
+    readout: Float[Array, "width vocab"]
+    readout_bias: Float[Array, " vocab"]
+    scheme: str = eqx.field(static=True, default="lie")
+    dt: float = eqx.field(static=True, default=1.0)
+
+    def __call__(self, tokens: Int[Array, " n"]) -> Float[Array, "n vocab"]:
+        n = tokens.shape[-1]
+        if tokens.ndim != 1 or n > self.position.shape[0]:
+            raise ValueError(
+                f"`tokens` must be one sequence of at most {self.position.shape[0]} tokens "
+                f"(the context), got shape {tokens.shape}; batch with jax.vmap."
+            )
+        u0 = self.embedding[tokens] + self.position[:n]
+        u = integrate(self.ide, u0, self.scheme, self.dt)
+        return u @ self.readout + self.readout_bias
+
+
+class FieldModel(eqx.Module):
+    r"""$u_0$ on $N$ periodic grid points $\to$ $u(t_f)$ on the same points: features
+    $[u_0(x), \sin x, \cos x]$ lifted linearly to the width, the IDE on the periodic token
+    domain $[0, 2\pi)$, a linear readout to one value per token. Any even $N$ works."""
+
+    lift: Float[Array, "3 width"]
+    lift_bias: Float[Array, " width"]
+    ide: TransformerIDE
+    readout: Float[Array, " width"]
+    readout_bias: Float[Array, ""]
+    scheme: str = eqx.field(static=True, default="lie")
+    dt: float = eqx.field(static=True, default=1.0)
+
+    def __call__(self, u0: Float[Array, " n"]) -> Float[Array, " n"]:
+        if u0.ndim != 1:
+            raise ValueError(f"`u0` must be one field of shape [n], got {u0.shape}.")
+        n = u0.shape[0]
+        x = jnp.arange(n, dtype=u0.dtype) * jnp.asarray(2 * math.pi / n, u0.dtype)
+        feats = jnp.stack([u0, jnp.sin(x), jnp.cos(x)], axis=-1)
+        f = feats @ self.lift + self.lift_bias
+        u = integrate(self.ide, f, self.scheme, self.dt)
+        return u @ self.readout + self.readout_bias
+
+
+def with_depth(model, scheme: str | None = None, dt: float | None = None):
+    """The same model evaluated with another depth scheme and/or step."""
+    scheme = model.scheme if scheme is None else scheme
+    dt = model.dt if dt is None else float(dt)
+    check_depth(model.ide, scheme, dt)
+    return dataclasses.replace(model, scheme=scheme, dt=dt)
+
+
+def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> TransformerIDE:
+    """The Transformer IDE of a `[model]` table: per-layer controls for `"lie"`, Legendre
+    controls (constraint set $S_1(0, 1)$ at initialisation, moving once trained) otherwise."""
+    block = dict(n_features=m.width, n_heads=m.heads, n_hidden=m.hidden, activation=m.activation)
+    if not m.continuous:
+        return TransformerIDE.init(
+            key, n_layers=m.layers, eps=m.eps, causal=causal, ffn_form=m.ffn_form,
+            grid=grid, dtype=dtype, **block,
+        )  # fmt: skip
+    controls = LegendreControls.init(
+        key, n_modes=m.n_modes, t1=float(m.layers), amplitude=0.1, sigma1=(0.0,),
+        sigma2=(1.0,), eps=0.0, dtype=dtype, **block,
+    )  # fmt: skip
+    return TransformerIDE(controls, grid, causal=causal, ffn_form=m.ffn_form)
+
+
+def build_model(cfg, key: PRNGKeyArray, *, vocab: int | None = None, dtype=jnp.float32):
+    """The model of a [`TrainExperiment`][itde._train_config.TrainExperiment].
+
+    **Arguments:**
+
+    - `cfg`: the experiment config.
+    - `key`: the initialisation key.
+    - `vocab`: the vocabulary size (`sort`: the task's; `charlm`: the corpus's).
+    - `dtype`: the parameter dtype (float32 for training; float64 for gradient checks).
+    """
+    m, task = cfg.model, cfg.task
+    k_ide, k_a, k_b, k_c = jax.random.split(key, 4)
+    d = m.width
+    if task.name == "burgers":
+        grid = Grid(PeriodicTrapezoid(interval=(0.0, 2 * math.pi)), Midpoint(), d)
+        ide = build_ide(k_ide, m, causal=False, grid=grid, dtype=dtype)
+        return FieldModel(
+            lift=_uniform(k_a, (3, d), 1.0, dtype),
+            lift_bias=jnp.zeros((d,), dtype),
+            ide=ide,
+            readout=_uniform(k_b, (d,), 1 / math.sqrt(d), dtype),
+            readout_bias=jnp.zeros((), dtype),
+            scheme=m.scheme,
+            dt=float(m.dt),
+        )
+    if vocab is None:
+        raise ValueError(f"task {task.name!r} needs `vocab`, the vocabulary size.")
+    context = task.length if task.name == "sort" else task.context
+    ide = build_ide(k_ide, m, causal=task.name == "charlm", grid=Grid.unit(d), dtype=dtype)
+    return TokenModel(
+        embedding=jax.random.normal(k_a, (vocab, d), dtype),
+        position=jax.random.normal(k_b, (context, d), dtype),
+        ide=ide,
+        readout=_uniform(k_c, (d, vocab), 1 / math.sqrt(d), dtype),
+        readout_bias=jnp.zeros((vocab,), dtype),
+        scheme=m.scheme,
+        dt=float(m.dt),
+    )
+
+
+def cast(tree, dtype):
+    """Cast every floating-point array leaf of `tree` to `dtype` (differentiable)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
+
+
+# ----------------------------------------------------------------------------- losses
+def cross_entropy(logits, targets):
+    """Mean next-token / per-position cross-entropy in nats (computed in float32 or wider)."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def predict(model, x, compute_dtype=None):
+    """The batched forward pass (vmap over the leading axis), optionally in `compute_dtype`
+    (parameters and inputs cast; the output cast back to the parameters' dtype)."""
+    out_dtype = model.readout.dtype
+    if compute_dtype is not None and compute_dtype != out_dtype:
+        model = cast(model, compute_dtype)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(compute_dtype)
+    return jax.vmap(model)(x).astype(out_dtype)
+
+
+def loss_fn(model, batch, task: str, compute_dtype=None):
+    """The training loss of a batch `(x, y)`: cross-entropy (sort, charlm) or the mean
+    squared error (burgers)."""
+    x, y = batch
+    out = predict(model, x, compute_dtype)
+    if task == "burgers":
+        return jnp.mean((out - y.astype(out.dtype)) ** 2)
+    return cross_entropy(out, y)

@@ -1,0 +1,105 @@
+"""`itde train` configs and bad input: every mistake is reported with the key and the file
+(or the data file and the fix), never trained around."""
+
+from pathlib import Path
+
+import pytest
+
+from itde._train import Run
+from itde._train_cli import main
+from itde._train_config import ConfigError, TrainExperiment, from_dict, load, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_configs_parse_and_sort_is_the_default():
+    for name in ("sort", "burgers", "charlm"):
+        cfg = load(TrainExperiment, ROOT / "configs" / f"{name}.toml")
+        assert cfg.task.name == name
+        assert from_dict(TrainExperiment, to_dict(cfg)) == cfg  # the sidecar round trip
+    assert load(TrainExperiment, ROOT / "configs" / "sort.toml") == TrainExperiment()
+
+
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        ('[task]\nname = "translate"\n', r"`task.name`='translate' is not a task; choose one of"),
+        ('[task]\nname = "sort"\ncontext = 8\n', r"`task.context` is an option of task 'charlm'"),
+        ('[task]\nname = "burgers"\nlength = 8\n', r"`task.length` is an option of task 'sort'"),
+        ("[task]\nlenght = 8\n", r"unknown key `task.lenght`"),
+        ("[taks]\nname = 'sort'\n", r"unknown key `taks`"),
+        ('[task]\nname = "burgers"\nn_grid = 9\n', r"`task.n_grid` must be an even integer"),
+        ('[model]\nscheme = "rk5"\n', r"`model.scheme`='rk5' is not a depth scheme"),
+        ('[model]\nscheme = "rk4"\neps = 1e-5\n', r"`model.eps`=1e-05 must be 0 with the conti"),
+        ("[model]\nn_modes = 3\n", r"`model.n_modes` applies to continuous-depth schemes"),
+        ("[model]\nheads = 5\n", r"`model.heads`=5 does not divide `model.width`=32"),
+        ("[optim]\nwarmup = 2000\n", r"`optim.warmup`=2000 must be >= 0 and less than"),
+        ("[optim]\nbatch_size = 0\n", r"`optim.batch_size` must be positive"),
+        ('[run]\ndtype = "float16"\n', r"`run.dtype` must be one of \['float32', 'bfloat16'\]"),
+    ],
+)
+def test_bad_config_names_key_and_file(tmp_path, body, match):
+    path = tmp_path / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=match) as e:
+        load(TrainExperiment, path)
+    assert str(path) in str(e.value)
+
+
+def test_cli_reports_unknown_task_with_key_and_file(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text('[task]\nname = "translate"\n')
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "task.name" in err and str(path) in err
+    assert not (tmp_path / "o").exists()
+
+
+def _charlm(path, context=4):
+    return from_dict(
+        TrainExperiment,
+        {
+            "task": {"name": "charlm", "text_path": str(path), "context": context},
+            "optim": {"batch_size": 2, "steps": 2, "warmup": 0},
+        },
+    )
+
+
+def test_missing_empty_or_non_utf8_text_is_refused(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="No text file at"):
+        Run(_charlm(tmp_path / "missing.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        Run(_charlm(empty))
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\u00e9 au lait, encore un caf\u00e9".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"not valid UTF-8: byte 0xe9 at byte offset 3"):
+        Run(_charlm(latin))
+    short = tmp_path / "short.txt"
+    short.write_text("abcdefghijklmnopqrst")
+    with pytest.raises(ValueError, match=r"'val' split .* too short for `task.context`=4"):
+        Run(_charlm(short))
+    # the same through the command line: one line on stderr, exit status 2
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[task]\nname = "charlm"\ntext_path = "{latin}"\n')
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "not valid UTF-8" in capsys.readouterr().err
+
+
+def test_batch_not_divisible_by_devices_is_refused(monkeypatch):
+    import jax
+
+    from itde import _train
+
+    cfg = from_dict(TrainExperiment, {"optim": {"batch_size": 5}})
+    devices = jax.devices()
+    monkeypatch.setattr(_train, "make_mesh", lambda d=None: _FakeMesh(3))
+    with pytest.raises(ValueError, match=r"batch_size`=5 is not divisible by the 3 devices.*"
+                       r"multiple of 3 \(e\.g\. 6\)"):  # fmt: skip
+        Run(cfg, devices)
+
+
+class _FakeMesh:
+    def __init__(self, size):
+        self.size = size

@@ -1,0 +1,78 @@
+"""Data parallelism: the batch sharded over two (forced host) CPU devices gives the same
+training step as one device, to round-off; a batch the devices do not divide is refused.
+
+`XLA_FLAGS=--xla_force_host_platform_device_count=2` must be set before JAX starts, so the
+check runs in a fresh Python process."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import jax, numpy as np, equinox as eqx
+    assert len(jax.devices()) == 2, jax.devices()
+    from itde._train import Run, make_step, place
+    from itde._train_model import loss_fn
+    from itde._train_config import TrainExperiment, from_dict
+
+    table = {
+        "task": {"name": "sort", "length": 6, "vocab": 7, "eval_size": 8},
+        "model": {"layers": 2, "width": 8, "heads": 2, "hidden": 16},
+        "optim": {"steps": 10, "batch_size": 8, "warmup": 1},
+    }
+    cfg = from_dict(TrainExperiment, table)
+    out = {}
+    for n in (1, 2):
+        run = Run(cfg, devices=jax.devices()[:n])
+        model, opt = run.init_state()
+        model, opt = place(model, run.replicated), place(opt, run.replicated)
+        step = make_step(run.optimizer, "sort")
+        grads = eqx.filter_jit(eqx.filter_grad(loss_fn))(model, run.batch(0), "sort")
+        losses = []
+        for s in range(3):
+            batch = run.batch(s)
+            assert len(batch[0].sharding.device_set) == n
+            assert batch[0].addressable_shards[0].data.shape[0] == 8 // n
+            model, opt, loss = step(model, opt, batch)
+            losses.append(float(loss))
+        leaves = jax.tree_util.tree_leaves_with_path(eqx.filter(model, eqx.is_array))
+        assert len(leaves[0][1].sharding.device_set) == n  # replicated over the mesh
+        params = {jax.tree_util.keystr(k): np.asarray(x) for k, x in leaves}
+        out[n] = (losses, [np.asarray(g) for g in jax.tree.leaves(grads)], params)
+    (l1, g1, p1), (l2, g2, p2) = out[1], out[2]
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    scale = max(float(np.max(np.abs(g))) for g in g1)
+    gerr = max(float(np.max(np.abs(a - b))) for a, b in zip(g1, g2))
+    assert gerr <= 1e-5 * scale, (gerr, scale)
+    # The key bias has an identically zero gradient (softmax is shift invariant), which
+    # Adam's normalisation turns from round-off into O(lr) updates: not compared.
+    perr = max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1 if not k.endswith(".bk"))
+    assert perr < 1e-5, perr
+    print("gradient difference", gerr, "of", scale, "; parameter difference", perr)
+
+    bad = from_dict(TrainExperiment, {**table, "optim": {**table["optim"], "batch_size": 5}})
+    try:
+        Run(bad)
+    except ValueError as e:
+        msg = str(e)
+        assert "batch_size`=5" in msg and "2 devices" in msg and "multiple of 2" in msg, msg
+    else:
+        raise AssertionError("batch 5 on 2 devices was accepted")
+    print("OK")
+    """
+)
+
+
+def test_sharded_step_equals_single_device_step():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK" in proc.stdout

@@ -1,0 +1,160 @@
+"""Checkpoints: a killed and resumed run ends bit-for-bit equal to an uninterrupted one, and
+a missing, truncated or mismatched checkpoint is an error, never a silent fresh start."""
+
+import json
+import shutil
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+from itde import _train_checkpoint as ckpt
+from itde._train import Run, train
+from itde._train_config import ConfigError, TrainExperiment, from_dict
+
+TINY = {
+    "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},
+    "model": {"layers": 2, "width": 8, "heads": 2, "hidden": 16},
+    "optim": {"steps": 6, "batch_size": 8, "warmup": 2, "lr": 1e-2},
+    "run": {"log_every": 1, "eval_every": 3, "checkpoint_every": 2, "progress": False},
+}
+TINY_RK4 = {
+    "task": {"name": "burgers", "n_grid": 8, "n_modes": 2, "eval_size": 8},
+    "model": {"layers": 1, "width": 8, "heads": 2, "hidden": 8, "scheme": "rk4", "dt": 0.5,
+              "activation": "gelu"},
+    "optim": {"steps": 5, "batch_size": 4, "warmup": 1},
+    "run": {"log_every": 1, "eval_every": 5, "checkpoint_every": 2, "progress": False},
+}  # fmt: skip
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
+
+
+def _assert_bitwise(a, b):
+    la, lb = _leaves(a), _leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb, strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def _losses(path):
+    return [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.parametrize("table", [TINY, TINY_RK4], ids=["lie-sort", "rk4-burgers"])
+def test_killed_and_resumed_run_is_bitwise_equal(tmp_path, table):
+    cfg = from_dict(TrainExperiment, table)
+    full = train(cfg, out=tmp_path / "full")
+    # "killed" after step 3: the last checkpoint is step 2, step 3's progress is lost
+    part = train(cfg, out=tmp_path / "part", stop_at=3)
+    assert part["step"] == 3
+    assert ckpt.read_meta(tmp_path / "part")["step"] == 2
+    resumed = train(out=None, resume=tmp_path / "part")  # the checkpoint's own config
+    assert resumed["step"] == cfg.optim.steps
+    _assert_bitwise(full["model"], resumed["model"])
+    _assert_bitwise(full["opt_state"], resumed["opt_state"])
+    # the saved final checkpoints are equal too, and so is every logged loss
+    run = Run(cfg)
+    a, _ = ckpt.load(tmp_path / "full", run.init_state())
+    b, _ = ckpt.load(tmp_path / "part", run.init_state())
+    _assert_bitwise(a, b)
+    assert _losses(tmp_path / "full" / "metrics.jsonl") == _losses(
+        tmp_path / "part" / "metrics.jsonl"
+    )
+    assert (tmp_path / "part" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    names = [p.name for p in (tmp_path / "part").glob("state-*.eqx")]
+    assert names == [f"state-{cfg.optim.steps:08d}.eqx"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "run"
+    cfg = from_dict(TrainExperiment, {**TINY, "optim": {**TINY["optim"], "steps": 2, "warmup": 1}})
+    train(cfg, out=out)
+    return cfg, out
+
+
+def test_resume_with_other_model_config_is_refused(trained, tmp_path):
+    cfg, out = trained
+    table = {**TINY, "model": {**TINY["model"], "width": 16}}
+    other = from_dict(TrainExperiment, table, "other.toml")
+    with pytest.raises(ConfigError, match=r"other\.toml.*model\.width"):
+        train(other, resume=out, source="other.toml", out=tmp_path)
+    # a change of logging cadence only is allowed
+    again = from_dict(TrainExperiment, {**TINY, "optim": {**TINY["optim"], "steps": 2, "warmup": 1},
+                                        "run": {**TINY["run"], "log_every": 2}})  # fmt: skip
+    assert train(again, resume=out, out=tmp_path / "ok")["step"] == 2
+
+
+def test_checkpoint_of_another_shape_is_refused(trained):
+    cfg, out = trained
+    table = {**TINY, "model": {**TINY["model"], "hidden": 24}}
+    template = Run(from_dict(TrainExperiment, table)).init_state()
+    match = r"another model: 9 leaves differ, e\.g\. .*feedforward\.b1: \[\[2, 16\].*\[\[2, 24\]"
+    with pytest.raises(ckpt.CheckpointError, match=match):
+        ckpt.load(out, template)
+
+
+def test_truncated_checkpoint_is_refused(trained, tmp_path):
+    _, out = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = ckpt.read_meta(bad)
+    state = bad / meta["leaves"]
+    state.write_bytes(state.read_bytes()[:-10])
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        train(resume=bad)
+    state.write_bytes(b"")
+    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+        train(resume=bad)
+
+
+def test_corrupted_or_missing_checkpoint_is_refused(trained, tmp_path):
+    _, out = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = ckpt.read_meta(bad)
+    raw = bytearray((bad / meta["leaves"]).read_bytes())
+    raw[-1] ^= 0xFF
+    (bad / meta["leaves"]).write_bytes(bytes(raw))
+    with pytest.raises(ckpt.CheckpointError, match="SHA-256"):
+        train(resume=bad)
+    (bad / meta["leaves"]).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="is missing"):
+        train(resume=bad)
+    (bad / ckpt.SIDECAR).write_text("{not json")
+    with pytest.raises(ckpt.CheckpointError, match="not valid JSON"):
+        train(resume=bad)
+    (bad / ckpt.SIDECAR).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="holds no checkpoint"):
+        train(resume=bad)
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+        train(resume=tmp_path / "nowhere")
+
+
+def test_checkpoint_of_another_data_stream_is_refused(trained, tmp_path):
+    _, out = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = json.loads((bad / ckpt.SIDECAR).read_text())
+    meta["data_key"][0] += 1
+    (bad / ckpt.SIDECAR).write_text(json.dumps(meta))
+    with pytest.raises(ckpt.CheckpointError, match="data_key"):
+        train(resume=bad)
+
+
+def test_training_into_a_checkpointed_directory_is_refused(trained):
+    cfg, out = trained
+    with pytest.raises(ckpt.CheckpointError, match=r"already holds a checkpoint.*--resume"):
+        train(cfg, out=out)
+
+
+def test_sidecar_records_what_a_resume_needs(trained):
+    cfg, out = trained
+    meta = ckpt.read_meta(out)
+    assert meta["step"] == 2 and meta["config"]["model"]["width"] == 8
+    assert {"jax", "equinox", "optax", "diffrax", "itde"} <= set(meta["versions"])
+    assert meta["shapes"]["[0].embedding"] == [[6, 8], "float32"]
+    assert meta["data_key_impl"] and len(meta["data_key"]) == 2
