@@ -26,6 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_time
 
 import itde
 
@@ -46,15 +47,6 @@ def scan_forward(model: itde.TransformerIDE, u0, dt: float, n_steps: int, remat=
     ts = jnp.arange(n_steps, dtype=u0.dtype) * dt + model.t0
     u, _ = jax.lax.scan(jax.checkpoint(step) if remat else step, u0, ts)
     return u
-
-
-def _median_time(fn, repeats):
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def main(argv=None):
@@ -108,7 +100,7 @@ def main(argv=None):
     times = {k: [] for k in fns}
     for _ in range(3):  # interleaved rounds
         for k, f in fns.items():
-            times[k].append(_median_time(lambda f=f: f(model, x), a.repeats))
+            times[k].append(median_time(lambda f=f: jax.block_until_ready(f(model, x)), a.repeats))
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "shape": vars(a),

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from _timing import median_time
 
 import itde
 
@@ -72,15 +73,6 @@ def _params(enc):
     return out
 
 
-def _time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--batch", type=int, default=16)
@@ -127,11 +119,11 @@ def main(argv=None):
     threads = torch.get_num_threads()
     t_itde, t_plain, t_torch, t_torch1 = [], [], [], []
     for _ in range(3):
-        t_itde.append(_time(lambda: itde_fwd(x_j).block_until_ready(), a.repeats))
-        t_plain.append(_time(lambda: plain_fwd(params, x_j).block_until_ready(), a.repeats))
-        t_torch.append(_time(run_torch, a.repeats))
+        t_itde.append(median_time(lambda: itde_fwd(x_j).block_until_ready(), a.repeats))
+        t_plain.append(median_time(lambda: plain_fwd(params, x_j).block_until_ready(), a.repeats))
+        t_torch.append(median_time(run_torch, a.repeats))
         torch.set_num_threads(1)
-        t_torch1.append(_time(run_torch, a.repeats))
+        t_torch1.append(median_time(run_torch, a.repeats))
         torch.set_num_threads(threads)
     runs = (
         ("itde", t_itde),
@@ -147,8 +139,8 @@ def main(argv=None):
     jmm = jax.jit(jnp.matmul)
     jga, jgb, tga, tgb = jnp.asarray(ga), jnp.asarray(gb), torch.as_tensor(ga), torch.as_tensor(gb)
     jmm(jga, jgb).block_until_ready()
-    gemm_jax = _time(lambda: jmm(jga, jgb).block_until_ready(), 5 * a.repeats)
-    gemm_torch = _time(lambda: tga @ tgb, 5 * a.repeats)
+    gemm_jax = median_time(lambda: jmm(jga, jgb).block_until_ready(), 5 * a.repeats)
+    gemm_torch = median_time(lambda: tga @ tgb, 5 * a.repeats)
     result = {
         "shape": {
             "batch": a.batch,

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from _timing import median_time
 
 import itde
 from itde._train import Run, make_step, place
@@ -108,15 +109,6 @@ def torch_val(net, chunks) -> float:
             total += float(ce.reshape(xt.shape).mean(1).sum())
             count += xt.shape[0]
     return total / count
-
-
-def _median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -207,10 +199,10 @@ def main(argv=None):
     threads = sorted({1, default_threads})
     rounds_j, rounds_t = [], {n: [] for n in threads}
     for _ in range(3):
-        rounds_j.append(_median_time(jax_once, a.repeats))
+        rounds_j.append(median_time(jax_once, a.repeats))
         for n in threads:
             torch.set_num_threads(n)
-            rounds_t[n].append(_median_time(torch_once, a.repeats))
+            rounds_t[n].append(median_time(torch_once, a.repeats))
     torch.set_num_threads(default_threads)
     med_j = statistics.median(rounds_j)
     med_by_threads = {n: statistics.median(v) for n, v in rounds_t.items()}
