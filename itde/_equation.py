@@ -32,6 +32,15 @@ TERMS_KINDS = ("paper", "split", "tangent")
 Controls = PiecewiseConstant | LegendreControls
 
 
+def _batched(flow):
+    """A sub-flow mapped over a leading batch axis of the state."""
+    if isinstance(flow, ProjectionTerm):
+        p = flow.projection
+        return ProjectionTerm(lambda t, u: jax.vmap(lambda v: p(t, v))(u))
+    f = flow.vector_field
+    return diffrax.ODETerm(lambda t, u, args: jax.vmap(lambda v: f(t, v, args))(u))
+
+
 def _unit_or(weights: np.ndarray) -> np.ndarray | None:
     """None when every weight is 1 (the multiplication would be a no-op)."""
     return None if np.all(weights == 1.0) else weights
@@ -266,7 +275,7 @@ class TransformerIDE(eqx.Module):
         w = self.attention_field(t, u) + self.feedforward_field(t, u)
         return self._tangent(t, u, w, drift=True)
 
-    def terms(self, kind: str = "paper") -> SplitTerm:
+    def terms(self, kind: str = "paper", batched: bool = False) -> SplitTerm:
         r"""The equation's sub-flows for a solver.
 
         - `"paper"`: attention, $P_{S_1}$, feed-forward (substeps 3–5), $P_{S_1}$ — the
@@ -276,6 +285,10 @@ class TransformerIDE(eqx.Module):
           feed-forward, the last vector field), for higher-order splittings (Strang).
         - `"tangent"`: the whole tangent field and one projection, for any diffrax
           solver wrapped in a projection method.
+
+        `batched=True` maps every sub-flow over a leading batch axis of the state
+        (`[batch, tokens, features]`): one solve for the whole batch, which is cheaper in
+        reverse mode than `jax.vmap` of the solve (see `TransformerIDE.batch`).
         """
         if kind == "paper":
             flows = (
@@ -295,6 +308,8 @@ class TransformerIDE(eqx.Module):
             flows = (diffrax.ODETerm(self.tangent_field), ProjectionTerm(self.project))
         else:
             raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
+        if batched:
+            flows = tuple(_batched(f) for f in flows)
         return SplitTerm(flows)
 
     def on_grid(
@@ -358,6 +373,24 @@ class TransformerIDE(eqx.Module):
         u = sol.ys[-1]
         if self.final_norm is not None:
             u = self.final_norm(u, self._feature_weights())
+        return u
+
+    def batch(
+        self, u0: Float[Array, "batch tokens features"]
+    ) -> Float[Array, "batch tokens features"]:
+        """`jax.vmap(model)(u0)`, computed as one solve over the batch.
+
+        The vector fields and projections are mapped over the batch inside a single
+        `diffeqsolve`, instead of mapping the solve: the same numbers, and a cheaper
+        backward pass (diffrax's checkpointed loop is then not batched)."""
+        from ._solve import solve
+
+        sol = solve(self, u0, batched=True)
+        assert sol.ys is not None
+        u = sol.ys[-1]
+        if self.final_norm is not None:
+            fw = self._feature_weights()
+            u = jax.vmap(lambda v: self.final_norm(v, fw))(u)  # type: ignore[misc]
         return u
 
     def trajectory(

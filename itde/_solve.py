@@ -36,6 +36,7 @@ def solve(
     max_steps: int | None = None,
     progress_meter: diffrax.AbstractProgressMeter | None = None,
     terms: str | SplitTerm | None = None,
+    batched: bool = False,
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
@@ -69,10 +70,21 @@ def solve(
       equation lives on the constraint set, and the projection term moves the initial
       condition onto it at $t_0^+$. The `"paper"` kind starts from `u0` itself (the
       Transformer's first block sees the unnormalised embedding).
+    - `batched`: `u0` has a leading batch axis, `[batch, tokens, features]`; the
+      sub-flows are mapped over it inside one solve (`model.terms(kind, batched=True)`).
+      Same result as `jax.vmap` of the solve, with a cheaper backward pass.
     """
     if not isinstance(model, TransformerIDE):
         raise TypeError(f"`model` must be an itde.TransformerIDE, got {type(model).__name__}.")
-    model.check_state(u0, "u0")
+    if batched:
+        if getattr(u0, "ndim", None) != 3:
+            raise ValueError(
+                f"`u0` with batched=True must be [batch, tokens, {model.n_features}], got "
+                f"shape {getattr(u0, 'shape', None)}."
+            )
+        model.check_state(u0[0], "u0[i]")
+    else:
+        model.check_state(u0, "u0")
     t0 = float(model.t0)
     t1 = float(model.depth if t1 is None else t1)
     if not math.isfinite(t1) or t1 <= t0:
@@ -116,8 +128,11 @@ def solve(
         if terms in ("split", "tangent"):
             # the continuum equation lives on S1(t): its solution starts from the
             # projection of the initial condition, u(t0+) = P_{S1(t0)}(f)
-            u0 = model.project(t0, u0)
-        terms = model.terms(terms)
+            if batched:
+                u0 = jax.vmap(lambda v: model.project(t0, v))(u0)
+            else:
+                u0 = model.project(t0, u0)
+        terms = model.terms(terms, batched=batched)
     # diffrax promotes the state to the dtype of the times: keep the state's precision.
     tdtype = u0.dtype
     if stepsize_controller is None:

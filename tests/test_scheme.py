@@ -163,3 +163,41 @@ def test_lie_trotter_rejects_terms_that_do_not_fit():
             jnp.ones((3, 16)) + jnp.arange(16.0),
             solver=LieTrotter(solvers=(diffrax.Euler(),)),
         )
+
+
+@pytest.mark.parametrize("kind", ["paper", "tangent"])
+def test_batched_solve_equals_vmap_forward_and_gradient(kind):
+    import solvers
+
+    if kind == "paper":
+        model = _model(eps=1e-5, form="residual", L=3)
+        solve_kw = {}
+    else:
+        model = itde.TransformerIDE(
+            itde.LegendreControls.init(
+                jax.random.key(0), n_modes=2, n_features=16, n_heads=4, n_hidden=16, eps=0.0
+            ),
+            itde.Grid.unit(16),
+        )
+        solve_kw = dict(solver=solvers.Projected(solvers.RK4()), dt0=0.25)
+    x = jax.random.normal(jax.random.key(9), (4, 6, 16))
+
+    def one(m, u):
+        return itde.solve(m, u, **solve_kw).ys[-1]
+
+    def many(m, x):
+        return itde.solve(m, x, batched=True, **solve_kw).ys[-1]
+
+    np.testing.assert_allclose(
+        np.asarray(many(model, x)), np.asarray(jax.vmap(lambda u: one(model, u))(x)), atol=1e-12
+    )
+    g1 = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(many(m, x))))(model)
+    g2 = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(jax.vmap(lambda u: one(m, u))(x))))(model)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-11, rtol=1e-10)
+    if kind == "paper":
+        np.testing.assert_allclose(
+            np.asarray(model.batch(x)), np.asarray(jax.vmap(model)(x)), atol=1e-12
+        )
+    with pytest.raises(ValueError, match="batched=True"):
+        itde.solve(model, x[0], batched=True)
