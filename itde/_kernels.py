@@ -9,7 +9,7 @@ of a grid to give the discrete [`Attention`][itde.Attention] /
 [`FeedForward`][itde.FeedForward], which apply the grid's quadrature weights. The sampled
 matrices are the kernel's *values* $W(\xi_i, y_j)$, never multiplied by weights (the
 discrete operators weight the state, `feature_weights`), so refining the grid converges
-to the integral operator at the order of the quadrature rule (paper §4, MODEL.md §4).
+to the integral operator at the order of the quadrature rule (paper §4).
 
 A grid with fewer nodes than a basis has modes in some direction cannot resolve the
 kernel; sampling then warns (`UserWarning`) but proceeds.
@@ -17,6 +17,7 @@ kernel; sampling then warns (`UserWarning`) but proceeds.
 
 from __future__ import annotations
 
+import abc
 import math
 import os
 import sys
@@ -60,8 +61,9 @@ class AbstractBasis(eqx.Module):
         a, b = self.interval
         return float(b) - float(a)
 
+    @abc.abstractmethod
     def _reference(self, s: Array) -> Array:
-        raise NotImplementedError  # pragma: no cover
+        """The basis on the reference interval [0, 1] (each final basis defines it)."""
 
     def __call__(self, x: Float[Array, " n"]) -> Float[Array, "n modes"]:
         x = jnp.asarray(x)

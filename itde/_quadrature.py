@@ -7,6 +7,7 @@ at trace time (they depend only on the static $N$) and cast to the state's dtype
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import ClassVar
 
@@ -73,8 +74,9 @@ class AbstractQuadrature(eqx.Module):
         x, w = self._reference(n)  # on [0, 1]
         return a + (b - a) * x, (b - a) * w
 
+    @abc.abstractmethod
     def _reference(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError  # pragma: no cover - every final rule overrides it
+        """Nodes and weights on [0, 1] (each final rule defines them)."""
 
     def is_unit(self, n: int) -> bool:
         """True when every weight is exactly 1 (the standard Transformer's grid)."""

@@ -1,4 +1,4 @@
-"""The paper's scheme (MODEL.md §3) run through diffrax: substeps, invariants, tracing."""
+"""The paper's scheme (§3, substeps (3.5)-(3.10)) through diffrax: invariants, tracing."""
 
 import diffrax
 import equinox as eqx
@@ -26,7 +26,7 @@ def _model(d=16, d_ff=16, L=3, eps=0.0, form="relaxation", act="relu", causal=Fa
 
 
 def _paper_table(model, u0):
-    """The six substeps of MODEL.md §3 written out literally (d_ff = d, weights I + W_j)."""
+    """The six substeps (3.5)-(3.10) written out literally (d_ff = d, weights I + W_j)."""
     d = model.n_features
     eye = jnp.eye(d)
     u = u0
