@@ -93,9 +93,7 @@ class TokenModel(eqx.Module):
                 f"`tokens` must be one sequence of at most {self.position.shape[0]} tokens "
                 f"(the context), got shape {tokens.shape}; batch with jax.vmap."
             )
-        u0 = self.embedding[tokens] + self.position[:n]
-        u = integrate(self.ide, u0, self.scheme, self.dt)
-        return u @ self.readout + self.readout_bias
+        return self._forward(tokens, batched=False)
 
     def batched(self, tokens: Int[Array, "batch n"]) -> Float[Array, "batch n vocab"]:
         """`jax.vmap(self)(tokens)` as one depth solve over the batch (cheaper backward)."""
@@ -105,8 +103,12 @@ class TokenModel(eqx.Module):
                 f"`tokens` must be a batch [batch, n] with n at most {self.position.shape[0]} "
                 f"(the context), got shape {tokens.shape}."
             )
-        u0 = self.embedding[tokens] + self.position[:n][None]
-        u = integrate(self.ide, u0, self.scheme, self.dt, batched=True)
+        return self._forward(tokens, batched=True)
+
+    def _forward(self, tokens, batched: bool):
+        """Embed (any leading axes), solve in depth, read out."""
+        u0 = self.embedding[tokens] + self.position[: tokens.shape[-1]]
+        u = integrate(self.ide, u0, self.scheme, self.dt, batched=batched)
         return u @ self.readout + self.readout_bias
 
 
@@ -126,23 +128,22 @@ class FieldModel(eqx.Module):
     def __call__(self, u0: Float[Array, " n"]) -> Float[Array, " n"]:
         if u0.ndim != 1:
             raise ValueError(f"`u0` must be one field of shape [n], got {u0.shape}.")
-        n = u0.shape[0]
-        x = jnp.arange(n, dtype=u0.dtype) * jnp.asarray(2 * math.pi / n, u0.dtype)
-        feats = jnp.stack([u0, jnp.sin(x), jnp.cos(x)], axis=-1)
-        f = feats @ self.lift + self.lift_bias
-        u = integrate(self.ide, f, self.scheme, self.dt)
-        return u @ self.readout + self.readout_bias
+        return self._forward(u0, batched=False)
 
     def batched(self, u0: Float[Array, "batch n"]) -> Float[Array, "batch n"]:
         """`jax.vmap(self)(u0)` as one depth solve over the batch (cheaper backward)."""
         if u0.ndim != 2:
             raise ValueError(f"`u0` must be a batch of fields [batch, n], got {u0.shape}.")
-        n = u0.shape[1]
+        return self._forward(u0, batched=True)
+
+    def _forward(self, u0, batched: bool):
+        """Lift $[u_0, \\sin x, \\cos x]$ (any leading axes), solve in depth, read out."""
+        n = u0.shape[-1]
         x = jnp.arange(n, dtype=u0.dtype) * jnp.asarray(2 * math.pi / n, u0.dtype)
         waves = jnp.broadcast_to(jnp.stack([jnp.sin(x), jnp.cos(x)], axis=-1), (*u0.shape, 2))
         feats = jnp.concatenate([u0[..., None], waves], axis=-1)
         f = feats @ self.lift + self.lift_bias
-        u = integrate(self.ide, f, self.scheme, self.dt, batched=True)
+        u = integrate(self.ide, f, self.scheme, self.dt, batched=batched)
         return u @ self.readout + self.readout_bias
 
 
