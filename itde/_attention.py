@@ -10,7 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-ATTENTION_IMPLS = ("dense", "blocked", "fused")
+from ._blocked import blocked_attention, dense_attention, fused_attention
+
+ATTENTION_CORES = {
+    "dense": dense_attention,
+    "blocked": blocked_attention,
+    "fused": fused_attention,
+}
+ATTENTION_IMPLS = tuple(ATTENTION_CORES)
 
 
 def _weighted(u, weights):
@@ -130,30 +137,17 @@ class Attention(eqx.Module):
           (`jax.nn.dot_product_attention`, whose softmax runs in float32).
         """
         dtype = u.dtype
-        n = u.shape[0]
         uw = _weighted(u, feature_weights)
         q = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wq.astype(dtype)), self.bq)
         k = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wk.astype(dtype)), self.bk)
         v = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wv.astype(dtype)), self.bv)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
-        if impl == "dense":
-            s = jnp.einsum("hne,hme->hnm", q, k)
-            if token_log_weights is not None:
-                s = s + token_log_weights.astype(dtype)[None, None, :]
-            if causal:
-                mask = jnp.tril(jnp.ones((n, n), dtype=bool))
-                s = jnp.where(mask, s, jnp.finfo(dtype).min)
-            p = jax.nn.softmax(s, axis=-1)
-            o = jnp.einsum("hnm,hme->hne", p, v)
-        elif impl in ATTENTION_IMPLS:
-            from ._blocked import blocked_attention, fused_attention
-
-            core = blocked_attention if impl == "blocked" else fused_attention
-            lw = None if token_log_weights is None else token_log_weights.astype(dtype)
-            o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
-        else:
+        if impl not in ATTENTION_CORES:
             raise ValueError(f"`impl`={impl!r} is not known; choose one of {ATTENTION_IMPLS}.")
+        lw = None if token_log_weights is None else token_log_weights.astype(dtype)
+        core = ATTENTION_CORES[impl]
+        o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
         out = jnp.einsum("hne,hed->nd", _weighted(o, head_weights), self.wo.astype(dtype))
         if self.bo is not None:
             out = out + self.bo.astype(dtype)

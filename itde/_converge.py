@@ -113,7 +113,7 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
                 "scheme": name,
                 "label": scheme.label,
                 "expected_order": float(scheme.order),
-                "observed_order": _order(dts, errors),
+                "observed_order": study_order(dts, errors),
                 "dt": dts,
                 "errors": errors,
                 "constraint_residual": max(on_set),
@@ -129,11 +129,12 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     }
 
 
-def _order(dts, errors) -> float:
-    """Observed order over the asymptotic range: points above the float64 round-off
-    floor (1e-12: errors of the reference and of the projections sit below it)."""
+def study_order(steps, errors, *, floor: float = 1e-12, asymptotic: int | None = None) -> float:
+    """Observed order of a study (`solvers.observed_order`), NaN when fewer than two points
+    lie above the round-off `floor` (errors of the reference and of the projections sit
+    below 1e-12 in float64)."""
     try:
-        return float(solvers.observed_order(dts, errors, floor=1e-12))
+        return float(solvers.observed_order(steps, errors, floor=floor, asymptotic=asymptotic))
     except ValueError:
         return float("nan")
 

@@ -32,6 +32,7 @@ import solvers
 
 from ._config import ConvergeExperiment
 from ._controls import LegendreControls, PiecewiseConstant, stack
+from ._converge import study_order
 from ._equation import TransformerIDE
 from ._function_model import FunctionBlock
 from ._kernels import FourierBasis, FunctionField, LegendreBasis
@@ -140,7 +141,7 @@ def _row(name, label, ns, errors, expected, kind="n") -> dict:
         "label": label,
         "expected_order": None if geometric else float(expected),
         "convergence": "geometric" if geometric else "algebraic",
-        "observed_order": _slope(ns, errors),
+        "observed_order": study_order([1.0 / n for n in ns], errors, floor=1e-13, asymptotic=3),
         kind: list(ns),
         "errors": errors,
     }
@@ -148,15 +149,6 @@ def _row(name, label, ns, errors, expected, kind="n") -> dict:
         below = [n for n, e in zip(ns, errors) if e <= 1e-10]
         row["n_reaching_1e-10"] = below[0] if below else None
     return row
-
-
-def _slope(ns, errors) -> float:
-    try:
-        return float(
-            solvers.observed_order([1.0 / n for n in ns], errors, floor=1e-13, asymptotic=3)
-        )
-    except ValueError:
-        return float("nan")
 
 
 def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) -> dict:

@@ -180,12 +180,6 @@ class TransformerIDE(eqx.Module):
     def _feature_weights(self):
         return _unit_or(self.grid.feature_weights())
 
-    def _token_log_weights(self, n_tokens: int, dtype):
-        w = self.grid.token_weights(n_tokens)
-        if np.all(w == w[0]):
-            return None  # a constant log-bias cancels in the softmax
-        return jnp.asarray(np.log(w), dtype=dtype)
-
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t`."""
         att = self.controls(t, "right").attention
@@ -197,7 +191,7 @@ class TransformerIDE(eqx.Module):
             u,
             feature_weights=self._feature_weights(),
             head_weights=head_weights,
-            token_log_weights=self._token_log_weights(u.shape[0], u.dtype),
+            token_log_weights=self.grid.token_log_weights(u.shape[0], u.dtype),
             causal=self.causal,
             impl=self.attention_impl,
             block_size=self.block_size,

@@ -445,8 +445,7 @@ class FunctionAttention(eqx.Module):
         self, u: Float[Array, "tokens features"], grid: Grid, *, causal: bool = False
     ) -> Float[Array, "tokens features"]:
         """Sample on `grid` and apply with its feature, head and token weights."""
-        w = grid.token_weights(u.shape[0])
-        lw = None if np.all(w == w[0]) else jnp.asarray(np.log(w), u.dtype)
+        lw = grid.token_log_weights(u.shape[0], u.dtype)
         return self.sample(grid)(
             u,
             feature_weights=grid.feature_weights(),

@@ -236,5 +236,15 @@ class Grid(eqx.Module):
     def token_weights(self, n_tokens: int) -> np.ndarray:
         return check_weights("token weights", self.tokens.nodes_weights(n_tokens)[1])
 
+    def token_log_weights(self, n_tokens: int, dtype):
+        """$\\log w_p$ for the attention log-bias, or None for uniform weights (a constant
+        log-bias cancels in the softmax)."""
+        w = self.token_weights(n_tokens)
+        if np.all(w == w[0]):
+            return None
+        import jax.numpy as jnp
+
+        return jnp.asarray(np.log(w), dtype=dtype)
+
     def feature_length(self) -> float:
         return self.features.length(self.n_features)
