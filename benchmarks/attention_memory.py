@@ -13,7 +13,7 @@ Each configuration runs in a fresh subprocess (CPU, float32) that
    peaked higher than the call.
 
 The projections are the same for every method; only the token-mixing core differs
-(`dense_attention`, `blocked_attention`, `fused_attention` from `itde._blocked`). The run
+(`dense_attention`, `blocked_attention`, `fused_attention` from `itde._operators._blocked`). The run
 also times the compiled call (median of repeats) and, for `N <= 4096`, checks the
 method against `itde.Attention.__call__`.
 
@@ -54,7 +54,7 @@ def _worker(
     import numpy as np
 
     import itde
-    from itde._blocked import blocked_attention, dense_attention, fused_attention
+    from itde._operators._blocked import blocked_attention, dense_attention, fused_attention
 
     core = {"dense": dense_attention, "blocked": blocked_attention, "fused": fused_attention}
     core = core[method]

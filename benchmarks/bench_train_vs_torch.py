@@ -39,9 +39,9 @@ import torch
 from _timing import median_time
 
 import itde
-from itde._train import Run, make_step, place
-from itde._train_config import TrainExperiment, load
-from itde._train_data import evaluate
+from itde.train._loop import Run, make_step, place
+from itde.train._config import TrainExperiment, load
+from itde.train._data import evaluate
 
 
 class TorchCharLM(torch.nn.Module):

@@ -27,7 +27,7 @@ accuracy), `d_error` (error minus the previous level's), `change` (the predictio
 change from the previous level, mean over examples of ||p_k - p_{k-1}|| / ||target||
 (burgers, compared on the coarser grid's points) or / ||logits_{k-1}|| (sort)),
 `order` = log2(change_{k-1} / change_k). The `itde eval --grid N` route (fresh data
-generated on N points, see `itde/_train_cli.py`) is recorded too (`cli_grid`).
+generated on N points, see `itde/cli/_train.py`) is recorded too (`cli_grid`).
 
     python benchmarks/transfer_study.py [--scheme heun --dt 0.5 --grid 32 --steps 1500
                                          --levels 3 --sort-steps 1500 --no-sort
@@ -50,11 +50,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from itde._train import Run, train
-from itde._train_checkpoint import read_meta
-from itde._train_config import TrainExperiment, from_dict, load, to_dict
-from itde._train_data import TaskData, evaluate
-from itde._train_model import predict, with_depth
+from itde.train._loop import Run, train
+from itde.train._checkpoint import read_meta
+from itde.train._config import TrainExperiment, from_dict, load, to_dict
+from itde.train._data import TaskData, evaluate
+from itde.train._model import predict, with_depth
 
 predict_jit = eqx.filter_jit(predict)
 T0 = time.perf_counter()

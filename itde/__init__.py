@@ -6,15 +6,15 @@ quadrature, layer normalisation a projection onto a constraint set, and one Lie
 operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer block.
 """
 
-from ._attention import Attention
-from ._blocked import blocked_attention, dense_attention, fused_attention
+from ._operators._attention import Attention
+from ._operators._blocked import blocked_attention, dense_attention, fused_attention
 from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
-from ._feedforward import FeedForward
-from ._function_model import FunctionBlock
-from ._grid2d import TensorGrid2D
-from ._interop import from_torch, to_torch
-from ._kernels import (
+from ._operators._feedforward import FeedForward
+from .function._block import FunctionBlock
+from ._quadrature._grid2d import TensorGrid2D
+from .interop._torch import from_torch, to_torch
+from .function._kernels import (
     FourierBasis,
     FunctionAttention,
     FunctionBias,
@@ -23,8 +23,8 @@ from ._kernels import (
     FunctionKernel,
     LegendreBasis,
 )
-from ._layernorm import LayerNormProjection
-from ._quadrature import (
+from ._operators._layernorm import LayerNormProjection
+from ._quadrature._rules import (
     RULES,
     AbstractQuadrature,
     GaussLegendre,

@@ -165,7 +165,7 @@ class GridConfig:
     feature_interval: tuple[float, ...] | None = None
 
     def __post_init__(self):
-        from ._quadrature import RULES
+        from ._quadrature._rules import RULES
 
         for name in ("tokens", "features"):
             if getattr(self, name) not in RULES:
@@ -278,7 +278,7 @@ class StudyConfig:
             raise ConfigError(f"`study.steps` needs >= 2 positive step counts, got {self.steps}")
         if list(self.steps) != sorted(set(self.steps)):
             raise ConfigError(f"`study.steps` must be strictly increasing, got {self.steps}")
-        from ._quadrature import RULES
+        from ._quadrature._rules import RULES
 
         for r in self.rules:
             if r not in RULES:

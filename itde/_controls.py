@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._attention import Attention, check_heads
-from ._feedforward import FeedForward
-from ._layernorm import LayerNormProjection
+from ._operators._attention import Attention, check_heads
+from ._operators._feedforward import FeedForward
+from ._operators._layernorm import LayerNormProjection
 
 
 class Block(eqx.Module):

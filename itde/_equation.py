@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from solvers import ProjectionTerm, SplitTerm
+from itde_solvers import ProjectionTerm, SplitTerm
 
-from ._attention import ATTENTION_IMPLS, check_heads
+from ._operators._attention import ATTENTION_IMPLS, check_heads
 from ._controls import Block, LegendreControls, PiecewiseConstant, stack
-from ._feedforward import check_activation
-from ._kernels import FunctionAttention, FunctionFeedForward
-from ._layernorm import LayerNormProjection, feature_mean
-from ._quadrature import Grid
+from ._operators._feedforward import check_activation
+from .function._kernels import FunctionAttention, FunctionFeedForward
+from ._operators._layernorm import LayerNormProjection, feature_mean
+from ._quadrature._rules import Grid
 
 FFNForm = Literal["residual", "relaxation"]
 FFN_FORMS = ("residual", "relaxation")
@@ -318,7 +318,7 @@ class TransformerIDE(eqx.Module):
         """The same model on another token × feature grid (and optionally other head and
         hidden quadratures): zero-shot resolution transfer. Needs function kernels
         (`FunctionBlock` controls); discrete kernels are matrices tied to their grid."""
-        from ._function_model import with_resolution
+        from .function._block import with_resolution
 
         if self.controls.n_features is not None:
             raise TypeError(

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import diffrax
 
-import solvers
+import itde_solvers as solvers
 
-from ._quadrature import RULES
+from ._quadrature._rules import RULES
 
 
 class Scheme(NamedTuple):

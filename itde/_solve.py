@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solvers import LieTrotter, ParallelSplitting, Projected, SplitTerm, Strang
+from itde_solvers import LieTrotter, ParallelSplitting, Projected, SplitTerm, Strang
 
 from ._equation import TransformerIDE
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from itde._blocked import blocked_attention, dense_attention, fused_attention  # noqa: E402
+from itde._operators._blocked import blocked_attention, dense_attention, fused_attention  # noqa: E402
 
 
 def _inputs(n, dtype, heads=2, e=8, seed=0):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from itde import _config
-from itde._cli import main
+from itde.cli._main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import itde
-import solvers
+import itde_solvers as solvers
 from itde._config import ProblemConfig
-from itde._converge import build_problem
+from itde.studies._depth import build_problem
 from itde._registry import SCHEMES
 
 

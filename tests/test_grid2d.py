@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from helpers import EXACT_DEGREE, QUADRATURES  # noqa: E402
 
 import itde  # noqa: E402
-from itde._grid2d import TensorGrid2D  # noqa: E402
+from itde._quadrature._grid2d import TensorGrid2D  # noqa: E402
 
 I1, I2 = (-0.3, 1.7), (0.5, 2.0)
 

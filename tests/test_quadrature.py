@@ -101,7 +101,7 @@ def test_bad_rules_are_rejected_with_the_value(make, match):
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_non_positive_or_nan_weights_rejected(bad):
-    from itde._quadrature import check_weights
+    from itde._quadrature._rules import check_weights
 
     w = np.ones(5)
     w[2] = bad

@@ -11,7 +11,7 @@ import pytest
 
 import itde
 from itde._config import ConvergeExperiment, StudyConfig
-from itde._converge_grid import GridProblem, _grid, run_grid_study
+from itde.studies._grid import GridProblem, _grid, run_grid_study
 
 GL = itde.GaussLegendre
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import itde
-from solvers import LieTrotter
+from itde_solvers import LieTrotter
 
 
 def _model(d=16, d_ff=16, L=3, eps=0.0, form="relaxation", act="relu", causal=False, seed=0):
@@ -167,7 +167,7 @@ def test_lie_trotter_rejects_terms_that_do_not_fit():
 
 @pytest.mark.parametrize("kind", ["paper", "tangent"])
 def test_batched_solve_equals_vmap_forward_and_gradient(kind):
-    import solvers
+    import itde_solvers as solvers
 
     if kind == "paper":
         model = _model(eps=1e-5, form="residual", L=3)

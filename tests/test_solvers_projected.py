@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from diffrax import ODETerm
 
-from solvers import RK4, Projected, ProjectionTerm, SplitTerm, error_norm, observed_order
+from itde_solvers import RK4, Projected, ProjectionTerm, SplitTerm, error_norm, observed_order
 
 TOL = 0.15  # tolerance on an observed order
 T = 2.0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from diffrax import ODETerm
 
-from solvers import (
+from itde_solvers import (
     RK4,
     LieTrotter,
     ParallelSplitting,
@@ -21,7 +21,7 @@ from solvers import (
     error_norm,
     observed_order,
 )
-from solvers._lie import advance
+from itde_solvers._lie import advance
 
 TOL = 0.15  # tolerance on an observed order
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from itde import _train
-from itde._train_cli import main
-from itde._train_config import TrainExperiment
+from itde.train import _loop as _train
+from itde.cli._train import main
+from itde.train._config import TrainExperiment
 
 CHARLM = """
 [task]
@@ -119,7 +119,7 @@ def test_train_without_config_is_the_sort_task(monkeypatch, capsys):
 
 def test_default_sort_config_reaches_99_percent(tmp_path):
     """The acceptance bar of the built-in default: >= 99% held-out sequence accuracy."""
-    from itde._train import train
+    from itde.train._loop import train
 
     result = train(out=tmp_path / "sort", progress=False)
     assert result["step"] == 1500

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from itde._train import Run
-from itde._train_cli import main
-from itde._train_config import ConfigError, TrainExperiment, from_dict, load, to_dict
+from itde.train._loop import Run
+from itde.cli._train import main
+from itde.train._config import ConfigError, TrainExperiment, from_dict, load, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

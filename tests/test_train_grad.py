@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from itde._train_config import TrainExperiment, from_dict
-from itde._train_data import TaskData
-from itde._train_model import build_model, loss_fn
+from itde.train._config import TrainExperiment, from_dict
+from itde.train._data import TaskData
+from itde.train._model import build_model, loss_fn
 
 CASES = {
     "lie-sort": {

@@ -13,9 +13,9 @@ SCRIPT = textwrap.dedent(
     """
     import jax, numpy as np, equinox as eqx
     assert len(jax.devices()) == 2, jax.devices()
-    from itde._train import Run, make_step, place
-    from itde._train_model import loss_fn
-    from itde._train_config import TrainExperiment, from_dict
+    from itde.train._loop import Run, make_step, place
+    from itde.train._model import loss_fn
+    from itde.train._config import TrainExperiment, from_dict
 
     table = {
         "task": {"name": "sort", "length": 6, "vocab": 7, "eval_size": 8},

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from itde import _train_checkpoint as ckpt
-from itde._train import Run, train
-from itde._train_config import ConfigError, TrainExperiment, from_dict
+from itde.train import _checkpoint as ckpt
+from itde.train._loop import Run, train
+from itde.train._config import ConfigError, TrainExperiment, from_dict
 
 TINY = {
     "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},

@@ -45,11 +45,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import _train_checkpoint as ckpt
-from ._layernorm import LayerNormProjection
-from ._train_config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
-from ._train_data import TaskData, evaluate
-from ._train_model import build_model, loss_fn
+from . import _checkpoint as ckpt
+from .._operators._layernorm import LayerNormProjection
+from ._config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
+from ._data import TaskData, evaluate
+from ._model import build_model, loss_fn
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 _DECAYED = ("wq", "wk", "wv", "wo", "w1", "w2", "embedding", "position", "readout", "lift")
@@ -236,7 +236,7 @@ def config_for_resume(directory, cfg: TrainExperiment | None, source: str):
     """The config of a resumed run: the checkpoint's, or `cfg` if it agrees with it on
     everything but the keys in `RESUMABLE_KEYS`."""
     meta = ckpt.read_meta(directory)
-    from ._train_config import from_dict
+    from ._config import from_dict
 
     stored = from_dict(TrainExperiment, meta["config"], f"{directory}/{ckpt.SIDECAR}")
     if cfg is None:
@@ -357,7 +357,7 @@ def train(
             break
     bar.close()
     if is_main and start < total:
-        from ._train_plot import plot_metrics
+        from ._plot import plot_metrics
 
         plot_metrics(_read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png")
     return {

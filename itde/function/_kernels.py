@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._attention import Attention
-from ._feedforward import FeedForward, check_activation
-from ._quadrature import AbstractQuadrature, Grid, _check_interval, check_weights
+from .._operators._attention import Attention
+from .._operators._feedforward import FeedForward, check_activation
+from .._quadrature._rules import AbstractQuadrature, Grid, _check_interval, check_weights
 
 # ---------------------------------------------------------------------------- bases
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._plot import _pyplot
+from .._plot import _pyplot
 
 _EVAL_LABELS = {
     "eval_seq_acc": "held-out sequence accuracy",

@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ._controls import LegendreControls, PiecewiseConstant
-from ._equation import TransformerIDE
-from ._quadrature import Grid, Midpoint, PeriodicTrapezoid
-from ._registry import SCHEMES
-from ._solve import solve
+from .._controls import LegendreControls, PiecewiseConstant
+from .._equation import TransformerIDE
+from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
+from .._registry import SCHEMES
+from .._solve import solve
 
 __all__ = ["FieldModel", "TokenModel", "build_model", "integrate", "with_depth"]
 

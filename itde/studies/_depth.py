@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import solvers
+import itde_solvers as solvers
 
-from ._config import ConvergeExperiment, ProblemConfig
-from ._controls import LegendreControls
-from ._equation import TransformerIDE
-from ._quadrature import Grid
-from ._registry import SCHEMES
-from ._solve import solve
+from .._config import ConvergeExperiment, ProblemConfig
+from .._controls import LegendreControls
+from .._equation import TransformerIDE
+from .._quadrature._rules import Grid
+from .._registry import SCHEMES
+from .._solve import solve
 
 
 def build_problem(p: ProblemConfig) -> tuple[TransformerIDE, jax.Array]:
@@ -158,7 +158,7 @@ def format_table(result: dict) -> str:
 
 
 def plot_study(result: dict, path: Path) -> Path:
-    from ._plot import _pyplot
+    from .._plot import _pyplot
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)

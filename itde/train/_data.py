@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relative_l2
-from .data._sort import accuracy
+from ..data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relative_l2
+from ..data._sort import accuracy
 
 
 class TaskData:
@@ -71,7 +71,7 @@ class TaskData:
 # ------------------------------------------------------------------------- metrics
 def _eval_sums(model, x, y, task: str, compute_dtype):
     """Per-batch sums of the evaluation statistics (divided by the count afterwards)."""
-    from ._train_model import cross_entropy, predict
+    from ._model import cross_entropy, predict
 
     out = predict(model, x, compute_dtype)
     n = x.shape[0]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import sys
 
-from ._train_config import ConfigError
+from ..train._config import ConfigError
 
 
 def _load_config(path):
-    from ._train_config import TrainExperiment, load
+    from ..train._config import TrainExperiment, load
 
     if path is None:
         return None, "<built-in default>"
@@ -22,8 +22,8 @@ def _load_config(path):
 
 
 def cmd_train(args) -> int:
-    from ._train import train
-    from ._train_config import TrainExperiment
+    from ..train._loop import train
+    from ..train._config import TrainExperiment
 
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is None:
@@ -40,9 +40,9 @@ def cmd_train(args) -> int:
 
 
 def _restore(directory):
-    from ._train import Run
-    from ._train_checkpoint import read_meta
-    from ._train_config import TrainExperiment, from_dict
+    from ..train._loop import Run
+    from ..train._checkpoint import read_meta
+    from ..train._config import TrainExperiment, from_dict
 
     meta = read_meta(directory)
     cfg = from_dict(TrainExperiment, meta["config"], f"{directory}/checkpoint.json")
@@ -52,8 +52,8 @@ def _restore(directory):
 
 
 def cmd_eval(args) -> int:
-    from ._train_data import TaskData, evaluate
-    from ._train_model import with_depth
+    from ..train._data import TaskData, evaluate
+    from ..train._model import with_depth
 
     run, model, meta = _restore(args.checkpoint)
     cfg = run.cfg
@@ -75,7 +75,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from ._train_sample import sample
+    from ..train._sample import sample
 
     run, model, meta = _restore(args.checkpoint)
     if run.cfg.task.name != "charlm":
@@ -125,7 +125,7 @@ def _guard(fn):
     """Report user-fixable errors as one line on stderr with exit status 2."""
 
     def wrapped(args) -> int:
-        from ._train_checkpoint import CheckpointError
+        from ..train._checkpoint import CheckpointError
 
         try:
             return fn(args)

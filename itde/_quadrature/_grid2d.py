@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._quadrature import AbstractQuadrature, check_weights
+from ._rules import AbstractQuadrature, check_weights
 
 
 class TensorGrid2D(eqx.Module):

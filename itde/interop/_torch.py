@@ -7,12 +7,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ._attention import Attention
-from ._controls import Block, PiecewiseConstant, stack
-from ._equation import TransformerIDE
-from ._feedforward import FeedForward
-from ._layernorm import LayerNormProjection
-from ._quadrature import Grid, Midpoint
+from .._operators._attention import Attention
+from .._controls import Block, PiecewiseConstant, stack
+from .._equation import TransformerIDE
+from .._operators._feedforward import FeedForward
+from .._operators._layernorm import LayerNormProjection
+from .._quadrature._rules import Grid, Midpoint
 
 
 def _torch():

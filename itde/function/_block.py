@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from ._controls import LegendreControls, PiecewiseConstant, stack
+from .._controls import LegendreControls, PiecewiseConstant, stack
 from ._kernels import AbstractBasis, FunctionAttention, FunctionFeedForward
-from ._layernorm import LayerNormProjection
-from ._quadrature import AbstractQuadrature
+from .._operators._layernorm import LayerNormProjection
+from .._quadrature._rules import AbstractQuadrature
 
 
 class FunctionBlock(eqx.Module):

@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from . import _config
+from .. import _config
 
 
 def _build_solve(cfg: _config.SolveExperiment):
     import jax
 
-    from ._equation import TransformerIDE
-    from ._quadrature import RULES, Grid
+    from .._equation import TransformerIDE
+    from .._quadrature._rules import RULES, Grid
 
     g = cfg.grid
     grid = Grid(
@@ -44,11 +44,11 @@ def cmd_solve(args) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from solvers import LieTrotter
+    from itde_solvers import LieTrotter
 
-    from ._layernorm import feature_mean
-    from ._plot import plot_trajectory
-    from ._solve import solve
+    from .._operators._layernorm import feature_mean
+    from .._plot import plot_trajectory
+    from .._solve import solve
 
     cfg = (
         _config.load(_config.SolveExperiment, args.config)
@@ -108,8 +108,8 @@ def cmd_converge(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ._converge import format_table, run_depth_study, write_outputs
-    from ._converge_grid import run_grid_study
+    from ..studies._depth import format_table, run_depth_study, write_outputs
+    from ..studies._grid import run_grid_study
 
     source = args.config or "<built-in default>"
     cfg = (
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         help="what to refine (default: [study].axis of the config, 'depth')",
     )
     p.set_defaults(func=cmd_converge)
-    from ._train_cli import add_train_commands
+    from ._train import add_train_commands
 
     add_train_commands(sub)
     args = parser.parse_args(argv)

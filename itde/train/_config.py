@@ -13,7 +13,7 @@ import math
 import typing
 from typing import Any
 
-from ._config import ConfigError, from_dict, load, positive
+from .._config import ConfigError, from_dict, load, positive
 
 __all__ = [
     "TASKS",
@@ -152,7 +152,7 @@ class ModelTable:
     eps: float | None = None
 
     def __post_init__(self):
-        from ._registry import SCHEMES
+        from .._registry import SCHEMES
 
         for name in ("layers", "width", "heads", "hidden", "dt"):
             positive(f"model.{name}", getattr(self, name))

@@ -1,0 +1,1 @@
+"""Training continuous-depth Transformers with Optax."""
