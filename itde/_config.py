@@ -118,6 +118,22 @@ def load(cls: type[T], path: str | Path) -> T:
     return from_dict(cls, table, str(path))
 
 
+SEED_MAX = 2**32 - 1  # jax.random.PRNGKey takes a uint32 seed: a wider one would be truncated
+
+
+def choices(name: str, value, names) -> None:
+    """Raise `ConfigError` unless `value` is one of `names` (a registry's keys)."""
+    names = sorted(names)
+    if value not in names:
+        raise ConfigError(f"`{name}`={value!r} is not known; choose one of {names}")
+
+
+def seed(name: str, value: int) -> None:
+    """Raise `ConfigError` unless `value` is a seed in [0, 2**32 - 1], exactly representable."""
+    if not 0 <= value <= SEED_MAX:
+        raise ConfigError(f"`{name}`={value} must be an integer in [0, {SEED_MAX}]")
+
+
 def positive(name: str, value):
     """Raise `ConfigError` unless `value` is a positive finite number."""
     if not (math.isfinite(value) and value > 0):

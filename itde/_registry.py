@@ -1,4 +1,7 @@
-"""The one registry mapping config strings to classes: quadrature rules and depth schemes."""
+"""The one registry mapping names to objects: quadrature rules, depth schemes,
+activations, feed-forward forms, attention cores and kinds of split terms.
+
+Configs, the CLI and constructors check names against these and nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ import diffrax
 
 import itde_solvers as solvers
 
+from ._operators._attention import ATTENTION_IMPLS
+from ._operators._feedforward import ACTIVATIONS
 from ._quadrature._rules import RULES
+
+#: How the last substep of the feed-forward combines: u + F(u), or the relaxation (u + F(u))/2.
+FFN_FORMS: tuple[str, ...] = ("residual", "relaxation")
+#: How a model splits its right-hand side (see `TransformerIDE.terms`).
+TERMS_KINDS: tuple[str, ...] = ("paper", "split", "tangent")
 
 
 class Scheme(NamedTuple):
@@ -36,4 +46,12 @@ SCHEMES: dict[str, Scheme] = {
     "dopri8": Scheme(lambda: solvers.Projected(diffrax.Dopri8()), 8, "tangent", "projected Dopri8"),
 }
 
-__all__ = ["RULES", "SCHEMES", "Scheme"]
+__all__ = [
+    "ACTIVATIONS",
+    "ATTENTION_IMPLS",
+    "FFN_FORMS",
+    "RULES",
+    "SCHEMES",
+    "TERMS_KINDS",
+    "Scheme",
+]

@@ -1,0 +1,48 @@
+"""Argument checks for library constructors: each error names the argument, its value
+and the fix. Configs have their own (`ConfigError`, naming the key and the file)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+
+def check_bool(name: str, value) -> bool:
+    """`value` must be a Python or NumPy bool (not a string such as "false")."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"`{name}`={value!r} must be True or False (a bool, not {type(value).__name__}).")
+
+
+def check_choice(name: str, value, choices: Iterable[str]) -> str:
+    """`value` must be one of `choices` (a registry's names)."""
+    choices = sorted(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"`{name}`={value!r} is not known; choose one of {choices}.")
+    return value
+
+
+def check_int(name: str, value, *, minimum: int | None = None) -> int:
+    """`value` must be an integer (not a bool or a float), at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}`={value!r} must be an integer.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{name}`={value!r} must be an integer >= {minimum}.")
+    return int(value)
+
+
+def check_float(
+    name: str, value, *, positive: bool = False, nonnegative: bool = False
+) -> float:
+    """`value` must be a finite real number (positive or non-negative if asked)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}`={value!r} must be a number, not {type(value).__name__}.")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"`{name}`={value!r} must be finite.")
+    if positive and not v > 0:
+        raise ValueError(f"`{name}`={value!r} must be > 0.")
+    if nonnegative and not v >= 0:
+        raise ValueError(f"`{name}`={value!r} must be >= 0.")
+    return v
