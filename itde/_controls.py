@@ -2,6 +2,9 @@ r"""Controls $\theta(t)$: the per-depth parameters of the equation."""
 
 from __future__ import annotations
 
+import abc
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -72,7 +75,68 @@ def stack(blocks: list[Block]) -> Block:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
 
 
-class PiecewiseConstant(eqx.Module):
+class AbstractControls(eqx.Module):
+    r"""The per-depth parameters $\theta(t)$ on $[t_0, t_1]$: a [`Block`][itde.Block] for
+    every depth `t`.
+
+    Subclasses say where they are defined (`t0`, `t1`), how they are evaluated
+    (`__call__(t, side)`), and where they jump (`jump_times`): a fixed-step solve puts every
+    jump on its step grid, so no step straddles a discontinuity of the controls.
+    """
+
+    @property
+    @abc.abstractmethod
+    def t0(self) -> float:
+        """The depth at which the controls start."""
+
+    @property
+    @abc.abstractmethod
+    def t1(self) -> float:
+        """The depth up to which the controls are defined."""
+
+    @abc.abstractmethod
+    def __call__(self, t, side: str = "right") -> Block:
+        """The controls at depth `t`; at a jump, `side` picks the one-sided limit."""
+
+    @property
+    @abc.abstractmethod
+    def blocks(self) -> Block:
+        """The stored blocks (leading axis: layers or modes)."""
+
+    @property
+    @abc.abstractmethod
+    def default_step(self) -> float:
+        """The depth step of a solve that does not name one."""
+
+    def jump_times(self) -> tuple[float, ...]:
+        """Interior depths where the controls are discontinuous (none by default)."""
+        return ()
+
+    @property
+    def n_layers(self) -> int:
+        raise TypeError(
+            f"{type(self).__name__} are smooth in depth and have no layers; use "
+            "PiecewiseConstant controls for a per-layer model, or save the states at chosen "
+            "depths with `itde.solve(model, u0, saveat=diffrax.SaveAt(ts=...))`."
+        )
+
+    @property
+    def n_features(self) -> int | None:
+        """The discrete kernels' feature count (None for function kernels)."""
+        return _n_features(self.blocks)
+
+    def map_blocks(self, fn) -> AbstractControls:
+        """The same controls with `fn` applied to every stored block."""
+        blocks = _unstack(self.blocks)
+        return eqx.tree_at(lambda c: c.blocks, self, stack([fn(b) for b in blocks]))
+
+
+def _unstack(values: Block) -> list[Block]:
+    n = int(jax.tree.leaves(values)[0].shape[0])
+    return [jax.tree.map(lambda a: a[i], values) for i in range(n)]
+
+
+class PiecewiseConstant(AbstractControls):
     r"""Controls constant on each layer interval $[t_n, t_{n+1})$, $t_n = t_0 + n\,h$.
 
     This is what a trained discrete Transformer gives: one set of controls per layer.
@@ -86,12 +150,24 @@ class PiecewiseConstant(eqx.Module):
 
     - `values`: a [`Block`][itde.Block] whose array leaves have a leading layer axis.
     - `t0`: the depth at which layer 0 starts.
-    - `width`: the depth length $h$ of each layer (1 for the standard Transformer).
+    - `layer_length`: the depth length $h$ of each layer (1 for the standard Transformer).
     """
 
     values: Block
     t0: float = eqx.field(static=True, default=0.0)
-    width: float = eqx.field(static=True, default=1.0)
+    layer_length: float = eqx.field(static=True, default=1.0)
+
+    def __check_init__(self):
+        if not (math.isfinite(self.t0) and math.isfinite(self.layer_length)):
+            raise ValueError(
+                f"`t0`={self.t0} and `layer_length`={self.layer_length} must be finite."
+            )
+        if not self.layer_length > 0:
+            raise ValueError(f"`layer_length`={self.layer_length} must be > 0, e.g. 1.0.")
+
+    @property
+    def blocks(self) -> Block:
+        return self.values
 
     @property
     def n_layers(self) -> int:
@@ -99,15 +175,25 @@ class PiecewiseConstant(eqx.Module):
 
     @property
     def t1(self) -> float:
-        return self.t0 + self.n_layers * self.width
+        return self.t0 + self.n_layers * self.layer_length
 
     @property
-    def n_features(self) -> int | None:
-        """The discrete kernels' feature count (None for function kernels)."""
-        return _n_features(self.values)
+    def default_step(self) -> float:
+        """One layer per step: the discrete Transformer."""
+        return self.layer_length
+
+    def layer_times(self) -> tuple[float, ...]:
+        r"""$t_0, t_1, \dots, t_L$: where each layer starts, and the end of the last."""
+        return tuple(self.t0 + n * self.layer_length for n in range(self.n_layers + 1))
+
+    def jump_times(self) -> tuple[float, ...]:
+        r"""The interior layer boundaries $t_1, \dots, t_{L-1}$."""
+        return self.layer_times()[1:-1]
 
     def index(self, t, side: str = "right") -> Float[Array, ""]:
-        s = (jnp.asarray(t) - self.t0) / self.width
+        t = jnp.asarray(t)
+        t = t.astype(jnp.promote_types(t.dtype, jnp.float32))
+        s = (t - self.t0) / self.layer_length
         # Times within a few ulps of a layer boundary count as on the boundary.
         tol = 64 * jnp.finfo(s.dtype).eps * jnp.maximum(1.0, jnp.abs(s))
         s = jnp.where(jnp.abs(s - jnp.round(s)) < tol, jnp.round(s), s)
@@ -130,7 +216,7 @@ def _legendre(s, n_modes: int):
     return jnp.stack(p[:n_modes])
 
 
-class LegendreControls(eqx.Module):
+class LegendreControls(AbstractControls):
     r"""Controls smooth in depth: every parameter is a Legendre series in $t$,
     $\theta(t) = \sum_{c<C} \theta_c\, P_c(2 (t - t_0)/(t_1 - t_0) - 1)$.
 
@@ -154,23 +240,32 @@ class LegendreControls(eqx.Module):
             raise ValueError(f"`LegendreControls`: need t1 > t0, got t0={self.t0}, t1={self.t1}.")
 
     @property
+    def blocks(self) -> Block:
+        return self.coeffs
+
+    @property
     def n_modes(self) -> int:
         return int(jax.tree.leaves(self.coeffs)[0].shape[0])
 
     @property
-    def n_features(self) -> int | None:
-        """The discrete kernels' feature count (None for function kernels)."""
-        return _n_features(self.coeffs)
-
-    @property
-    def width(self) -> float:
+    def default_step(self) -> float:
+        """The whole interval in one step (name a `dt0` to refine)."""
         return self.t1 - self.t0
 
     def __call__(self, t, side: str = "right") -> Block:
         del side  # continuous in t: both one-sided limits agree
-        s = 2.0 * (jnp.asarray(t) - self.t0) / (self.t1 - self.t0) - 1.0
+        # the series is summed in float32 or wider whatever the parameters' dtype: in
+        # bfloat16 the depth itself (and P_c) would carry a relative error of 4e-3
+        t = jnp.asarray(t)
+        wide = jnp.promote_types(t.dtype, jnp.float32)
+        s = 2.0 * (t.astype(wide) - self.t0) / (self.t1 - self.t0) - 1.0
         p = _legendre(s, self.n_modes)
-        return jax.tree.map(lambda c: jnp.tensordot(p.astype(c.dtype), c, axes=1), self.coeffs)
+
+        def series(c):
+            w = jnp.promote_types(c.dtype, jnp.float32)
+            return jnp.tensordot(p.astype(w), c.astype(w), axes=1).astype(c.dtype)
+
+        return jax.tree.map(series, self.coeffs)
 
     @classmethod
     def from_layers(cls, controls: PiecewiseConstant, n_modes: int | None = None):
@@ -182,7 +277,7 @@ class LegendreControls(eqx.Module):
         if not 1 <= n_modes <= L:
             raise ValueError(f"`n_modes`={n_modes} must be between 1 and the {L} layers.")
         t0, t1 = controls.t0, controls.t1
-        mids = t0 + controls.width * (jnp.arange(L) + 0.5)
+        mids = t0 + controls.layer_length * (jnp.arange(L) + 0.5)
         V = _legendre(2.0 * (mids - t0) / (t1 - t0) - 1.0, n_modes).T  # [L, modes]
         pinv = jnp.linalg.pinv(V)
 

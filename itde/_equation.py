@@ -7,7 +7,6 @@ $$u_t = A(u) + \partial I_{S_1(\sigma_1,\sigma_2)}(u) + F(u) + \partial I_{S_1}(
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import diffrax
 import equinox as eqx
@@ -18,18 +17,16 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from itde_solvers import ProjectionTerm, SplitTerm
 
-from ._operators._attention import ATTENTION_IMPLS, check_heads
-from ._controls import Block, LegendreControls, PiecewiseConstant, stack
+from ._abstract import AbstractEquation
+from ._checks import check_bool, check_choice, check_int
+from ._controls import AbstractControls, Block, PiecewiseConstant, stack
+from ._operators._attention import check_heads
 from ._operators._feedforward import check_activation
-from .function._kernels import FunctionAttention, FunctionFeedForward
 from ._operators._layernorm import LayerNormProjection, feature_mean
 from ._quadrature._rules import Grid
-
-FFNForm = Literal["residual", "relaxation"]
-FFN_FORMS = ("residual", "relaxation")
-TermsKind = Literal["paper", "split", "tangent"]
-TERMS_KINDS = ("paper", "split", "tangent")
-Controls = PiecewiseConstant | LegendreControls
+from ._registry import ATTENTION_IMPLS, FFN_FORMS, TERMS_KINDS
+from ._solve import solve
+from .function._kernels import FunctionAttention, FunctionFeedForward
 
 
 def _batched(flow):
@@ -46,7 +43,7 @@ def _unit_or(weights: np.ndarray) -> np.ndarray | None:
     return None if np.all(weights == 1.0) else weights
 
 
-class TransformerIDE(eqx.Module):
+class TransformerIDE(AbstractEquation):
     r"""The equation of the paper, with its controls, grid and options: one object for
     the Transformer regime ($\Delta t = 1$, piecewise-constant controls) and the
     continuum regime ($\Delta t \to 0$).
@@ -74,6 +71,11 @@ class TransformerIDE(eqx.Module):
     - `attention_impl`: `"dense"`, `"blocked"` (token blocks of `block_size`, memory
       linear in the number of tokens, same result to round-off) or `"fused"`
       (`jax.nn.dot_product_attention`; float32 softmax).
+    - `batch_axis`: where [`batch`][] finds the batch in its input: 0 for
+      `[batch, tokens, features]` (the default), 1 for PyTorch's `batch_first=False`
+      layout `[tokens, batch, features]` (set by `from_torch` from the module it
+      converts). `jax.vmap(model)` maps over axis 0 whatever this says; for the other
+      layout use `jax.vmap(model, in_axes=1, out_axes=1)`.
 
     The controls' blocks hold either discrete kernels (matrices on the grid's nodes:
     [`Block`][itde.Block]) or kernel functions ([`FunctionBlock`][itde.FunctionBlock]),
@@ -81,23 +83,36 @@ class TransformerIDE(eqx.Module):
     any other grid (zero-shot resolution transfer).
     """
 
-    controls: Controls
+    controls: AbstractControls
     grid: Grid
     causal: bool = eqx.field(static=True, default=False)
     ffn_form: str = eqx.field(static=True, default="residual")
     final_norm: LayerNormProjection | None = None
     attention_impl: str = eqx.field(static=True, default="dense")
     block_size: int = eqx.field(static=True, default=512)
+    batch_axis: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
-        if self.ffn_form not in FFN_FORMS:
-            raise ValueError(
-                f"`ffn_form`={self.ffn_form!r} is not known; choose one of {FFN_FORMS}."
+        if not isinstance(self.controls, AbstractControls):
+            raise TypeError(
+                f"`controls` must be itde.PiecewiseConstant or itde.LegendreControls, got "
+                f"{type(self.controls).__name__}."
             )
-        if self.attention_impl not in ATTENTION_IMPLS:
+        if not isinstance(self.grid, Grid):
+            raise TypeError(f"`grid` must be an itde.Grid, got {type(self.grid).__name__}.")
+        check_bool("causal", self.causal)
+        check_choice("ffn_form", self.ffn_form, FFN_FORMS)
+        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_int("block_size", self.block_size, minimum=1)
+        if self.batch_axis not in (0, 1) or isinstance(self.batch_axis, bool):
             raise ValueError(
-                f"`attention_impl`={self.attention_impl!r} is not known; choose one of "
-                f"{ATTENTION_IMPLS}."
+                f"`batch_axis`={self.batch_axis!r} must be 0 ([batch, tokens, features]) or 1 "
+                "([tokens, batch, features], PyTorch's batch_first=False)."
+            )
+        if self.final_norm is not None and not isinstance(self.final_norm, LayerNormProjection):
+            raise TypeError(
+                f"`final_norm` must be an itde.LayerNormProjection or None, got "
+                f"{type(self.final_norm).__name__}."
             )
         d = self.controls.n_features
         if d is not None and self.grid.n_features != d:
@@ -159,22 +174,12 @@ class TransformerIDE(eqx.Module):
     # ----------------------------------------------------------------- properties
     @property
     def n_layers(self) -> int:
-        if not isinstance(self.controls, PiecewiseConstant):
-            raise TypeError("`n_layers` is defined for piecewise-constant (per-layer) controls.")
+        """The number of layers (per-layer controls only)."""
         return self.controls.n_layers
 
     @property
     def n_features(self) -> int:
         return self.grid.n_features
-
-    @property
-    def depth(self) -> float:
-        """The final time $T$ (the number of layers for the standard Transformer)."""
-        return self.controls.t1
-
-    @property
-    def t0(self) -> float:
-        return self.controls.t0
 
     # ----------------------------------------------------------------- the operators
     def _feature_weights(self):
@@ -340,34 +345,15 @@ class TransformerIDE(eqx.Module):
         return dataclasses.replace(self, controls=controls, grid=grid)
 
     # ----------------------------------------------------------------- solving
-    def check_state(self, u0, name: str = "u0"):
-        """Trace-time shape check of one sequence, naming the argument and the fix."""
-        shape = getattr(u0, "shape", None)
-        if shape is None or len(shape) != 2:
-            raise ValueError(
-                f"`{name}` must be one sequence of shape [tokens, {self.n_features}], got "
-                f"shape {shape}; for a batch use `jax.vmap(model)`."
-            )
-        if shape[1] != self.n_features:
-            raise ValueError(
-                f"`{name}` has {shape[1]} features but the model has {self.n_features}; "
-                f"give a state of shape [tokens, {self.n_features}]."
-            )
-        if shape[0] < 1:
-            raise ValueError(f"`{name}` has no tokens (shape {shape}).")
-        if not jnp.issubdtype(u0.dtype, jnp.floating):
-            raise TypeError(f"`{name}` must be a floating-point array, got dtype {u0.dtype}.")
-
     def __call__(self, u0: Float[Array, "tokens features"]) -> Float[Array, "tokens features"]:
-        """The encoder's output for one sequence: $u(T)$ from the paper's scheme."""
-        from ._solve import solve
-
+        """The encoder's output for one sequence: $u(T)$ from the paper's scheme, in the
+        dtype of `u0`."""
         sol = solve(self, u0)
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
             u = self.final_norm(u, self._feature_weights())
-        return u
+        return u.astype(u0.dtype)
 
     def batch(
         self, u0: Float[Array, "batch tokens features"]
@@ -376,24 +362,50 @@ class TransformerIDE(eqx.Module):
 
         The vector fields and projections are mapped over the batch inside a single
         `diffeqsolve`, instead of mapping the solve: the same numbers, and a cheaper
-        backward pass (diffrax's checkpointed loop is then not batched)."""
-        from ._solve import solve
+        backward pass (diffrax's checkpointed loop is then not batched).
 
-        sol = solve(self, u0, batched=True)
+        The batch is on axis `batch_axis` of `u0` (0 by default; 1 for a model converted
+        from a PyTorch module with `batch_first=False`), and stays there in the output."""
+        if type(u0).__module__.startswith("torch"):
+            self.check_state(u0, "u0")
+        if getattr(u0, "ndim", None) != 3:
+            layout = (
+                "[batch, tokens, features]" if self.batch_axis == 0 else
+                "[tokens, batch, features] (batch_axis=1)"
+            )  # fmt: skip
+            raise ValueError(
+                f"`u0` must be a batch {layout}, got shape {getattr(u0, 'shape', None)}; for "
+                "one sequence call the model itself."
+            )
+        x = jnp.moveaxis(u0, self.batch_axis, 0)
+        if x.shape[0] == 0:
+            raise ValueError(
+                f"`u0` is an empty batch (axis {self.batch_axis} has length 0); give at least "
+                "one sequence."
+            )
+        sol = solve(self, x, batched=True)
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
             fw = self._feature_weights()
             u = jax.vmap(lambda v: self.final_norm(v, fw))(u)  # type: ignore[misc]
-        return u
+        return jnp.moveaxis(u.astype(u0.dtype), 0, self.batch_axis)
 
     def trajectory(
         self, u0: Float[Array, "tokens features"]
     ) -> Float[Array, "layers1 tokens features"]:
-        """The state after every layer: `[n_layers + 1, tokens, features]`, $u(t_n)$."""
-        from ._solve import solve
-
-        ts = jnp.arange(self.n_layers + 1, dtype=u0.dtype) * self.controls.width + self.t0
+        """The state after every layer: `[n_layers + 1, tokens, features]`, $u(t_n)$, in the
+        dtype of `u0` (per-layer controls only: for smooth controls save the states at
+        chosen depths with `itde.solve(model, u0, saveat=diffrax.SaveAt(ts=...))`)."""
+        if not isinstance(self.controls, PiecewiseConstant):
+            raise TypeError(
+                "`trajectory` returns the state after every layer and needs per-layer "
+                f"(PiecewiseConstant) controls; this model has {type(self.controls).__name__}. "
+                "Use `itde.solve(model, u0, dt0=..., saveat=diffrax.SaveAt(ts=...))` to save "
+                "the states at chosen depths."
+            )
+        self.check_state(u0, "u0")
+        ts = np.asarray(self.controls.layer_times())
         sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts))
         assert sol.ys is not None
-        return sol.ys
+        return sol.ys.astype(u0.dtype)

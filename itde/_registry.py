@@ -32,7 +32,7 @@ class Scheme(NamedTuple):
 
 
 SCHEMES: dict[str, Scheme] = {
-    "lie": Scheme(solvers.LieTrotter, 1, "split", "Lie-Trotter splitting"),
+    "lie": Scheme(solvers.LieTrotter, 1, "paper", "Lie-Trotter splitting (the paper's sub-flows)"),
     "strang": Scheme(solvers.Strang, 2, "split", "Strang splitting (Heun sub-steps)"),
     "parallel": Scheme(solvers.ParallelSplitting, 1, "split", "parallel (averaged) splitting"),
     "euler": Scheme(lambda: solvers.Projected(diffrax.Euler()), 1, "tangent", "projected Euler"),

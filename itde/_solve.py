@@ -10,21 +10,63 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from itde_solvers import LieTrotter, ParallelSplitting, Projected, SplitTerm, Strang
+from itde_solvers import (
+    LieTrotter,
+    ParallelSplitting,
+    Projected,
+    SplitTerm,
+    Strang,
+)
 
-from ._equation import TransformerIDE
+from ._abstract import AbstractEquation
+from ._checks import check_bool, check_float, check_int
+from ._controls import PiecewiseConstant
+from ._registry import TERMS_KINDS
 
 
-def fixed_steps(t0: float, t1: float, dt0: float) -> np.ndarray:
-    """The step times of a fixed-step solve, ending exactly at `t1` (float64 NumPy)."""
-    n = max(1, math.ceil((t1 - t0) / dt0 - 1e-9))
-    ts = t0 + dt0 * np.arange(n + 1, dtype=np.float64)
-    ts[-1] = t1
-    return ts
+MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
+
+
+def fixed_steps(
+    t0: float, t1: float, dt0: float, jumps: tuple[float, ...] = (), *, name: str = "dt0"
+) -> np.ndarray:
+    """The step times of a fixed-step solve (float64 NumPy): steps of `dt0` from `t0`,
+    restarted at every jump of the controls in $(t_0, t_1)$ and ending exactly at `t1`, so
+    that no step straddles a jump (the last step of each segment is shortened when `dt0`
+    does not divide it). Refuses more than `MAX_FIXED_STEPS` steps before allocating."""
+    knots = [t0, *(t for t in jumps if t0 < t < t1), t1]
+    counts = [max(1, math.ceil((b - a) / dt0 - 1e-9)) for a, b in zip(knots[:-1], knots[1:])]
+    total = sum(counts)
+    if total > MAX_FIXED_STEPS:
+        raise ValueError(
+            f"`{name}`={dt0} would take {total:.3g} steps over [{t0}, {t1}] (more than "
+            f"{MAX_FIXED_STEPS:.0e}); choose a larger `{name}`, or an adaptive "
+            "`stepsize_controller=diffrax.PIDController(...)`."
+        )
+    pieces = [a + dt0 * np.arange(n, dtype=np.float64) for a, n in zip(knots[:-1], counts)]
+    return np.concatenate([*pieces, np.array([t1], np.float64)])
+
+
+def _time_dtype(u0):
+    """Times are float32 or wider whatever the state: in bfloat16 the 301 times of
+    dt = 0.02 over [0, 6] collapse to 265 distinct values."""
+    return jnp.promote_types(u0.dtype, jnp.float32)
+
+
+def _check_depth_step(controls, dt0) -> None:
+    """A fixed step longer than a layer would straddle layer boundaries: refuse it."""
+    if isinstance(controls, PiecewiseConstant) and dt0 > controls.layer_length * (1 + 1e-9):
+        h = controls.layer_length
+        raise ValueError(
+            f"`dt0`={dt0} is longer than one layer (the layers have depth length {h}): a "
+            "step would straddle a layer boundary and skip layers' controls. Use "
+            f"dt0 <= {h}, e.g. dt0={h} (one step per layer, the discrete Transformer) or "
+            f"dt0={h / 2} (two steps per layer)."
+        )
 
 
 def solve(
-    model: TransformerIDE,
+    model: AbstractEquation,
     u0,
     *,
     t1: float | None = None,
@@ -41,20 +83,31 @@ def solve(
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
     Defaults give the paper's scheme: `LieTrotter` splitting with $\Delta t$ equal to the
-    layer width (1 for the standard Transformer) from $t_0$ to the model's depth, saving
+    layer length (1 for the standard Transformer) from $t_0$ to the model's depth, saving
     the final state. Fixed steps are taken with `diffrax.StepTo` on the exact grid
-    $t_0, t_0 + \Delta t, \dots, t_1$ (the last step shortened if $\Delta t$ does not
-    divide $t_1 - t_0$) and `max_steps` set to the number of steps, so reverse-mode
-    memory is sized exactly.
+    $t_0, t_0 + \Delta t, \dots, t_1$, restarted at every layer boundary (the last step
+    of a layer shortened if $\Delta t$ does not divide it), and `max_steps` set to the
+    number of steps, so reverse-mode memory is sized exactly.
+
+    **No step straddles a layer boundary.** Per-layer controls jump at each boundary; a
+    step across one would use one layer's controls for part of the next (or skip a layer
+    altogether). So: a fixed `dt0` longer than a layer is an error; the default grid
+    contains every boundary; `diffrax.ConstantStepSize` needs a `dt0` dividing the layer
+    length; a `StepTo` grid must contain the boundaries; adaptive controllers are wrapped
+    in `diffrax.ClipStepSizeController(jump_ts=...)` so that they step onto them.
+
+    **Precision.** Times are float32 or wider whatever the state's dtype (diffrax then
+    carries a bfloat16 state in float32; matrix products still run in the parameters'
+    dtype).
 
     **Arguments:**
 
-    - `model`: a [`TransformerIDE`][itde.TransformerIDE].
+    - `model`: a [`TransformerIDE`][itde.TransformerIDE] (any `AbstractEquation`).
     - `u0`: one initial state `[tokens, features]` (vmap for a batch).
-    - `t1`: final depth (default `model.depth`).
+    - `t1`: final depth (default `model.depth`; beyond it the controls are undefined).
     - `solver`: any diffrax solver whose terms fit the model's `SplitTerm` (default
       `LieTrotter()`).
-    - `dt0`: the depth step (fixed-step solves; default the layer width).
+    - `dt0`: the depth step (fixed-step solves; default one layer, `controls.default_step`).
     - `stepsize_controller`: e.g. `diffrax.PIDController(...)` for adaptive solves; then
       `dt0` is the initial step (or None to let diffrax choose).
     - `saveat`, `adjoint`, `max_steps`, `progress_meter`: as in `diffrax.diffeqsolve`
@@ -65,7 +118,7 @@ def solve(
     - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
       (default for `LieTrotter`), `"split"` (default for `Strang` and
       `ParallelSplitting`), `"tangent"` (default for any other solver, e.g.
-      `solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`. For the continuum
+      `itde_solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`. For the continuum
       kinds (`"split"`, `"tangent"`) the solution starts from $P_{S_1(t_0)}(u_0)$: the
       equation lives on the constraint set, and the projection term moves the initial
       condition onto it at $t_0^+$. The `"paper"` kind starts from `u0` itself (the
@@ -74,40 +127,59 @@ def solve(
       sub-flows are mapped over it inside one solve (`model.terms(kind, batched=True)`).
       Same result as `jax.vmap` of the solve, with a cheaper backward pass.
     """
-    if not isinstance(model, TransformerIDE):
-        raise TypeError(f"`model` must be an itde.TransformerIDE, got {type(model).__name__}.")
+    if not isinstance(model, AbstractEquation):
+        raise TypeError(
+            f"`model` must be an itde.TransformerIDE (an itde equation), got "
+            f"{type(model).__name__}."
+        )
+    batched = check_bool("batched", batched)
     if batched:
+        if type(u0).__module__.startswith("torch"):
+            model.check_state(u0, "u0")
         if getattr(u0, "ndim", None) != 3:
             raise ValueError(
                 f"`u0` with batched=True must be [batch, tokens, {model.n_features}], got "
                 f"shape {getattr(u0, 'shape', None)}."
             )
+        if u0.shape[0] == 0:
+            raise ValueError("`u0` is an empty batch (shape[0] == 0); give at least one sequence.")
         model.check_state(u0[0], "u0[i]")
     else:
         model.check_state(u0, "u0")
+    controls = model.controls
     t0 = float(model.t0)
-    t1 = float(model.depth if t1 is None else t1)
-    if not math.isfinite(t1) or t1 <= t0:
+    if t1 is None:
+        t1 = float(model.depth)
+    else:
+        t1 = check_float("t1", t1)
+        if t1 > model.depth + 1e-9 * max(1.0, abs(model.depth)):
+            raise ValueError(
+                f"`t1`={t1} is past the depth T={model.depth} up to which the model's "
+                f"controls are defined; give t1 <= {model.depth} (the default), or controls "
+                "that extend that far (more layers)."
+            )
+    if not t1 > t0:
         raise ValueError(
-            f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, "
-            f"e.g. t1={model.depth} (the number of layers)."
+            f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, e.g. "
+            f"t1={model.depth}."
         )
-    if (
-        dt0 is not None
-        and not isinstance(dt0, jax.core.Tracer)
-        and not (math.isfinite(float(dt0)) and float(dt0) > 0)
-    ):
-        raise ValueError(
-            f"`dt0`={dt0} must be a positive finite depth step, e.g. dt0=1.0 (one layer per "
-            "step) or dt0=0.1."
-        )
+    traced_dt0 = isinstance(dt0, jax.core.Tracer)
+    if dt0 is not None and not traced_dt0:
+        dt0 = check_float("dt0", dt0)
+        if not dt0 > 0:
+            raise ValueError(
+                f"`dt0`={dt0} must be a positive depth step, e.g. dt0=1.0 (one layer per "
+                "step) or dt0=0.1."
+            )
+    if max_steps is not None:
+        max_steps = check_int("max_steps", max_steps, minimum=1)
     solver = LieTrotter() if solver is None else solver
     if not isinstance(solver, (LieTrotter, Strang, ParallelSplitting, Projected)):
         raise TypeError(
             f"`solver`={type(solver).__name__} would integrate the equation without its "
             "projections onto S1; wrap it in a projection method, e.g. "
-            f"`solvers.Projected(diffrax.{type(solver).__name__}())`, or use a splitting "
-            "solver (solvers.LieTrotter, Strang, ParallelSplitting)."
+            f"`itde_solvers.Projected(diffrax.{type(solver).__name__}())`, or use a "
+            "splitting solver (itde_solvers.LieTrotter, Strang, ParallelSplitting)."
         )
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     default_adjoint = adjoint is None
@@ -125,6 +197,8 @@ def solve(
         else:
             terms = "tangent"
     if isinstance(terms, str):
+        if terms not in TERMS_KINDS:
+            raise ValueError(f"`terms`={terms!r} is not known; choose one of {list(TERMS_KINDS)}.")
         if terms in ("split", "tangent"):
             # the continuum equation lives on S1(t): its solution starts from the
             # projection of the initial condition, u(t0+) = P_{S1(t0)}(f)
@@ -133,19 +207,34 @@ def solve(
             else:
                 u0 = model.project(t0, u0)
         terms = model.terms(terms, batched=batched)
-    # diffrax promotes the state to the dtype of the times: keep the state's precision.
-    tdtype = u0.dtype
+    elif not isinstance(terms, SplitTerm):
+        raise TypeError(
+            f"`terms` must be a kind {list(TERMS_KINDS)} or an itde_solvers.SplitTerm, got "
+            f"{type(terms).__name__}."
+        )
+    tdtype = _time_dtype(u0)
+    jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
     if stepsize_controller is None:
-        if isinstance(dt0, jax.core.Tracer):
+        if traced_dt0:
             raise TypeError(
                 "a traced `dt0` needs `stepsize_controller=diffrax.ConstantStepSize()` (the "
                 "default fixed-step grid is built at trace time from a concrete dt0)."
             )
-        dt = float(model.controls.width if dt0 is None else dt0)
-        ts = fixed_steps(t0, t1, dt)
+        dt = float(controls.default_step if dt0 is None else dt0)
+        _check_depth_step(controls, dt)
+        ts = fixed_steps(t0, t1, dt, jumps)
         steps = len(ts) - 1 if max_steps is None else max_steps
         if isinstance(adjoint, diffrax.BacksolveAdjoint):
             # its backward solve reuses the controller in reverse, which StepTo forbids
+            if jumps and any(
+                abs((j - t0) / dt - round((j - t0) / dt)) > 1e-9 * max(1.0, (j - t0) / dt)
+                for j in jumps
+            ):
+                raise ValueError(
+                    f"`dt0`={dt} does not divide the layers' depth length "
+                    f"{controls.layer_length}; BacksolveAdjoint takes constant steps, which "  # type: ignore[attr-defined]
+                    "would straddle a layer boundary. Use a dt0 that divides it."
+                )
             controller, first_dt = diffrax.ConstantStepSize(), dt
             steps += 1  # room for a round-off sliver at t1
         else:
@@ -155,7 +244,15 @@ def solve(
             # binomial recomputation of the forward)
             adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=steps)
     else:
-        controller = stepsize_controller
+        controller = _respect_jumps(stepsize_controller, controls, jumps, t0, t1, dt0)
+        if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
+            r = controls.layer_length / dt0  # type: ignore[attr-defined]
+            u0 = eqx.error_if(
+                u0,
+                jnp.abs(r - jnp.round(r)) > 1e-6 * r,
+                "itde.solve: `dt0` does not divide the layers' depth length, so constant "
+                "steps would straddle layer boundaries; use a dt0 that divides it.",
+            )
         first_dt = dt0
         steps = 4096 if max_steps is None else max_steps
     u0 = eqx.error_if(
@@ -178,3 +275,38 @@ def solve(
         max_steps=steps,
         **kwargs,
     )
+
+
+def _respect_jumps(controller, controls, jumps, t0, t1, dt0):
+    """A user's step-size controller made to step onto every jump of the controls."""
+    if not jumps:
+        return controller
+    if isinstance(controller, diffrax.StepTo):
+        ts = np.asarray(controller.ts, np.float64)
+        missing = [j for j in jumps if not np.any(np.abs(ts - j) <= 1e-9 * max(1.0, abs(j)))]
+        if missing:
+            raise ValueError(
+                f"`stepsize_controller`=StepTo(ts) lacks the layer boundaries {missing[:5]}: a "
+                "step would straddle them and mix two layers' controls. Add every boundary "
+                f"to ts (the model's are {list(jumps)[:5]}...)."
+            )
+        return controller
+    if isinstance(controller, diffrax.ConstantStepSize):
+        h = controls.layer_length
+        if dt0 is None:
+            raise ValueError("`dt0` is needed with diffrax.ConstantStepSize(); e.g. dt0=1.0.")
+        if isinstance(dt0, jax.core.Tracer):
+            return controller  # checked on the state when the solve runs (see `solve`)
+        _check_depth_step(controls, float(dt0))
+        r = h / float(dt0)
+        if abs(r - round(r)) > 1e-9 * r:
+            raise ValueError(
+                f"`dt0`={dt0} does not divide the layers' depth length {h}: constant steps "
+                f"would straddle layer boundaries. Use dt0={h / max(1, round(r))} (or omit "
+                "`stepsize_controller`: the default fixed grid restarts at every boundary)."
+            )
+        return controller
+    if isinstance(controller, diffrax.ClipStepSizeController):
+        return controller
+    # an adaptive controller: clip its steps to land on every jump (diffrax's jump_ts)
+    return diffrax.ClipStepSizeController(controller, jump_ts=np.asarray(jumps))

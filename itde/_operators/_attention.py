@@ -11,6 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._blocked import blocked_attention, dense_attention, fused_attention
+from ._precision import contract
 
 ATTENTION_CORES = {
     "dense": dense_attention,
@@ -138,9 +139,9 @@ class Attention(eqx.Module):
         """
         dtype = u.dtype
         uw = _weighted(u, feature_weights)
-        q = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wq.astype(dtype)), self.bq)
-        k = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wk.astype(dtype)), self.bk)
-        v = _add_bias(jnp.einsum("nd,hde->hne", uw, self.wv.astype(dtype)), self.bv)
+        q = _add_bias(contract("nd,hde->hne", uw, self.wq), self.bq)
+        k = _add_bias(contract("nd,hde->hne", uw, self.wk), self.bk)
+        v = _add_bias(contract("nd,hde->hne", uw, self.wv), self.bv)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
         if impl not in ATTENTION_CORES:
@@ -148,7 +149,7 @@ class Attention(eqx.Module):
         lw = None if token_log_weights is None else token_log_weights.astype(dtype)
         core = ATTENTION_CORES[impl]
         o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
-        out = jnp.einsum("hne,hed->nd", _weighted(o, head_weights), self.wo.astype(dtype))
+        out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
         if self.bo is not None:
             out = out + self.bo.astype(dtype)
         return out

@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._attention import _weighted
+from ._precision import contract
 
 Activation = Literal["relu", "gelu", "gelu_tanh"]
 ACTIVATIONS: dict[str, object] = {
@@ -88,10 +89,10 @@ class FeedForward(eqx.Module):
     ) -> Float[Array, "tokens features"]:
         dtype = u.dtype
         act = ACTIVATIONS[self.activation]
-        h = _weighted(u, feature_weights) @ self.w1.astype(dtype)
+        h = contract("nd,dh->nh", _weighted(u, feature_weights), self.w1)
         if self.b1 is not None:
             h = h + self.b1.astype(dtype)
-        out = _weighted(act(h), hidden_weights) @ self.w2.astype(dtype)  # type: ignore[operator]
+        out = contract("nh,hd->nd", _weighted(act(h), hidden_weights), self.w2)  # type: ignore[operator]
         if self.b2 is not None:
             out = out + self.b2.astype(dtype)
         return out

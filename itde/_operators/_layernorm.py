@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import check_float
+
 
 def feature_mean(u: Float[Array, "tokens features"], weights: np.ndarray | None):
     r"""Per-token mean over the feature domain, $\frac{1}{|\Omega_y|}\int_{\Omega_y} u\,dy$."""
@@ -32,7 +34,14 @@ class LayerNormProjection(eqx.Module):
     **Zero variance.** The projection is undefined for a token whose features are all
     equal. With $\varepsilon > 0$ such a token maps to $\sigma_1$ (as LayerNorm does);
     with $\varepsilon = 0$ the call raises a runtime error (`eqx.error_if`) instead of
-    returning NaN.
+    returning NaN or a point whose sign round-off chose. "Equal" is judged relative to the
+    token's own scale: a constant token of value $c$ leaves a variance of order
+    $(\epsilon_\mathrm{mach} c)^2$ after its mean is subtracted, so a variance below
+    $(16\,\epsilon_\mathrm{mach} \max_y |u|)^2$ counts as zero.
+
+    **Precision.** Mean and variance are taken in float32 or wider whatever the state's
+    dtype (bfloat16 would lose the variance of a token with a large mean); the result has
+    the state's dtype.
 
     **Arguments:**
 
@@ -48,9 +57,7 @@ class LayerNormProjection(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __init__(self, sigma1=0.0, sigma2=1.0, gain=None, shift=None, eps: float = 1e-5):
-        eps = float(eps)
-        if not np.isfinite(eps) or eps < 0:
-            raise ValueError(f"`LayerNormProjection(eps=...)` must be finite and >= 0, got {eps}.")
+        eps = check_float("eps", eps, nonnegative=True)
         self.sigma1 = jnp.asarray(sigma1)
         self.sigma2 = jnp.asarray(sigma2)
         self.gain = None if gain is None else jnp.asarray(gain)
@@ -60,15 +67,21 @@ class LayerNormProjection(eqx.Module):
     def __call__(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
     ) -> Float[Array, "tokens features"]:
-        dtype = u.dtype
+        out_dtype = u.dtype
+        dtype = jnp.promote_types(u.dtype, jnp.float32)
+        u = u.astype(dtype)
         centred = u - feature_mean(u, feature_weights)
         var = feature_mean(centred * centred, feature_weights)
         if self.eps == 0.0:
+            scale = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
+            floor = (16 * jnp.finfo(dtype).eps * scale) ** 2
             var = eqx.error_if(
                 var,
-                jnp.any(var <= 0),
-                "LayerNormProjection: a token has zero feature variance, so its projection "
-                "onto S1 is undefined (eps=0). Use eps > 0 or give a non-constant state.",
+                jnp.any(var <= floor),
+                "LayerNormProjection: a token has zero feature variance up to round-off "
+                "(its features are equal to within 16 ulps of their size), so its "
+                "projection onto S1 is undefined with eps=0. Use eps > 0 (e.g. 1e-5, as "
+                "LayerNorm does) or give a state whose tokens are not constant.",
             )
         z = centred * jnp.reciprocal(jnp.sqrt(var + jnp.asarray(self.eps, dtype)))
         out = self.sigma2.astype(dtype) * z + self.sigma1.astype(dtype)
@@ -76,7 +89,7 @@ class LayerNormProjection(eqx.Module):
             out = out * self.gain.astype(dtype)
         if self.shift is not None:
             out = out + self.shift.astype(dtype)
-        return out
+        return out.astype(out_dtype)
 
     def residuals(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
