@@ -12,7 +12,9 @@ from .._controls import Block, PiecewiseConstant, stack
 from .._equation import TransformerIDE
 from .._operators._feedforward import FeedForward
 from .._operators._layernorm import LayerNormProjection
+from .._checks import check_bool, check_choice
 from .._quadrature._rules import Grid, Midpoint
+from .._registry import FFN_FORMS
 
 
 def _torch():
@@ -26,7 +28,36 @@ def _torch():
 
 
 def _np(t) -> np.ndarray | None:
-    return None if t is None else t.detach().cpu().numpy()
+    """A torch tensor as a NumPy array of the same dtype (bfloat16 via ml_dtypes)."""
+    if t is None:
+        return None
+    torch = _torch()
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: go through float32, exactly
+        return t.float().numpy().astype(jnp.bfloat16)
+    return t.numpy()
+
+
+def _torch_dtype(dtype):
+    torch = _torch()
+    table = {
+        np.dtype("float64"): torch.float64,
+        np.dtype("float32"): torch.float32,
+        np.dtype("float16"): torch.float16,
+        np.dtype(jnp.bfloat16): torch.bfloat16,
+    }
+    if np.dtype(dtype) not in table:
+        raise ValueError(
+            f"`to_torch(model)`: parameters of dtype {dtype} have no PyTorch equivalent here; "
+            "cast the model to float32 first."
+        )
+    return table[np.dtype(dtype)]
+
+
+def _tensor(x):
+    """A parameter as a float64 tensor: `copy_` then casts it to the module's dtype (every
+    supported dtype converts to float64 and back exactly)."""
+    return _torch().as_tensor(np.asarray(x, dtype=np.float64))
 
 
 def _activation_name(layer) -> str:
@@ -109,11 +140,19 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
 
     `module` is an `nn.TransformerEncoderLayer` or an `nn.TransformerEncoder` (post-LN,
     either `batch_first`, ReLU or GELU, any `nhead`, `dim_feedforward`,
-    `layer_norm_eps`, with or without biases, with or without a final `norm`). The
-    returned model `m` acts on one sequence `[tokens, d_model]`; `m(x)` equals the
-    module's output in eval mode (dropout off) to round-off, and `jax.vmap(m)` equals it
-    on a batch. Pass `causal=True` to reproduce the module called with a square causal
-    `mask` (or `is_causal=True`). Parameters keep PyTorch's dtype.
+    `layer_norm_eps`, with or without biases, with or without a final `norm`, in float64,
+    float32, float16 or bfloat16). Pass `causal=True` to reproduce the module called with a
+    square causal `mask` (or `is_causal=True`). Parameters keep PyTorch's dtype.
+
+    **Layout.** The returned model `m` acts on one sequence `[tokens, d_model]`; `m(x)`
+    equals the module's output in eval mode (dropout off) to round-off. For a batch:
+
+    - `batch_first=True` modules take `[batch, tokens, d_model]`: use `m.batch(x)` or
+      `jax.vmap(m)(x)`.
+    - `batch_first=False` modules (PyTorch's default) take `[tokens, batch, d_model]`: the
+      converted model records it (`m.batch_axis == 1`) and `m.batch(x)` takes that
+      layout, returning the same layout. `jax.vmap(m)` always maps over axis 0, which
+      would be the tokens here: use `jax.vmap(m, in_axes=1, out_axes=1)` instead.
     """
     torch = _torch()
     norm = None
@@ -128,14 +167,18 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
             "`module` must be a torch.nn.TransformerEncoderLayer or TransformerEncoder, got "
             f"{type(module).__name__}."
         )
+    check_bool("causal", causal)
+    check_choice("ffn_form", ffn_form, FFN_FORMS)
     blocks = [_block(layer) for layer in layers]
     d = blocks[0].attention.n_features
+    batch_first = bool(getattr(layers[0].self_attn, "batch_first", False))
     return TransformerIDE(
         PiecewiseConstant(stack(blocks)),
         Grid.unit(d),
         causal=causal,
         ffn_form=ffn_form,
         final_norm=norm,
+        batch_axis=0 if batch_first else 1,
     )
 
 
@@ -146,21 +189,38 @@ def _torch_norm(norm: LayerNormProjection, d: int, bias: bool, dtype):
     s1, s2 = float(norm.sigma1), float(norm.sigma2)
     shift = np.zeros(d) if norm.shift is None else np.asarray(norm.shift, dtype=np.float64)
     with torch.no_grad():
-        ln.weight.copy_(torch.as_tensor(s2 * g))
+        ln.weight.copy_(_tensor(s2 * g))
         if bias:
-            ln.bias.copy_(torch.as_tensor(s1 * g + shift))
+            ln.bias.copy_(_tensor(s1 * g + shift))
     return ln
 
 
 def to_torch(model: TransformerIDE, *, batch_first: bool = True):
     """The `nn.TransformerEncoder` (post-LN, eval mode) equal to a discrete `TransformerIDE`.
 
-    Needs the unit grid (the standard Transformer's), piecewise-constant controls of
-    width 1 and the residual feed-forward form (the relaxation form only when
+    Needs the unit grid (the standard Transformer's), per-layer (piecewise-constant)
+    controls with matrix kernels, and the residual feed-forward form (the relaxation form only when
     $\\varepsilon = 0$, where the two agree). A causal model's module must be called with
     a causal mask, as PyTorch's own API requires.
     """
     torch = _torch()
+    if not isinstance(model, TransformerIDE):
+        raise TypeError(
+            f"`to_torch(model)` needs an itde.TransformerIDE, got {type(model).__name__}."
+        )
+    batch_first = check_bool("batch_first", batch_first)
+    if not isinstance(model.controls, PiecewiseConstant):
+        raise TypeError(
+            "`to_torch(model)` needs per-layer (PiecewiseConstant) controls, the discrete "
+            f"Transformer; this model has {type(model.controls).__name__}, smooth in depth. "
+            "Sample it at the layer midpoints first, e.g. build PiecewiseConstant controls "
+            "from `model.controls(t)` for t = 0.5, 1.5, ..."
+        )
+    if model.controls.n_features is None:
+        raise TypeError(
+            "`to_torch(model)` needs discrete kernels (matrices); this model holds kernel "
+            "functions (FunctionBlock): PyTorch has no such module."
+        )
     d = model.n_features
     if not (
         isinstance(model.grid.tokens, Midpoint)
@@ -181,9 +241,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
     if v.norm2.eps != eps:
         raise ValueError("`to_torch(model)`: both LayerNorms of a layer must share eps.")
     att, ff = v.attention, v.feedforward
-    dtype = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}[
-        np.dtype(att.wq.dtype)
-    ]
+    dtype = _torch_dtype(att.wq.dtype)
     s1 = np.concatenate([np.ravel(v.norm1.sigma1), np.ravel(v.norm2.sigma1)])
     bias = not (
         all(b is None for b in (att.bq, att.bk, att.bv, att.bo, ff.b1, ff.b2))
@@ -218,27 +276,25 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             w_in = np.concatenate(
                 [np.array(w).transpose(1, 0, 2).reshape(d, d).T for w in (a.wq, a.wk, a.wv)]
             )
-            tl.self_attn.in_proj_weight.copy_(torch.as_tensor(w_in))
-            tl.self_attn.out_proj.weight.copy_(torch.as_tensor(np.array(a.wo).reshape(h * dh, d).T))
+            tl.self_attn.in_proj_weight.copy_(_tensor(w_in))
+            tl.self_attn.out_proj.weight.copy_(_tensor(np.array(a.wo).reshape(h * dh, d).T))
             if bias:
                 zero = np.zeros((h, dh))
                 b_in = np.concatenate(
                     [np.ravel(zero if x is None else np.array(x)) for x in (a.bq, a.bk, a.bv)]
                 )
-                tl.self_attn.in_proj_bias.copy_(torch.as_tensor(b_in))
+                tl.self_attn.in_proj_bias.copy_(_tensor(b_in))
                 tl.self_attn.out_proj.bias.copy_(
-                    torch.as_tensor(np.zeros(d) if a.bo is None else np.array(a.bo))
+                    _tensor(np.zeros(d) if a.bo is None else np.array(a.bo))
                 )
             f = b.feedforward
-            tl.linear1.weight.copy_(torch.as_tensor(np.array(f.w1).T))
-            tl.linear2.weight.copy_(torch.as_tensor(np.array(f.w2).T))
+            tl.linear1.weight.copy_(_tensor(np.array(f.w1).T))
+            tl.linear2.weight.copy_(_tensor(np.array(f.w2).T))
             if bias:
                 tl.linear1.bias.copy_(
-                    torch.as_tensor(np.zeros(f.w1.shape[-1]) if f.b1 is None else np.array(f.b1))
+                    _tensor(np.zeros(f.w1.shape[-1]) if f.b1 is None else np.array(f.b1))
                 )
-                tl.linear2.bias.copy_(
-                    torch.as_tensor(np.zeros(d) if f.b2 is None else np.array(f.b2))
-                )
+                tl.linear2.bias.copy_(_tensor(np.zeros(d) if f.b2 is None else np.array(f.b2)))
             for name, norm in (("norm1", b.norm1), ("norm2", b.norm2)):
                 src = _torch_norm(norm, d, bias, dtype)
                 getattr(tl, name).load_state_dict(src.state_dict())
