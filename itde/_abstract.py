@@ -10,7 +10,6 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
-
 from itde_solvers import SplitTerm
 
 from ._controls import AbstractControls

@@ -12,7 +12,9 @@ def check_bool(name: str, value) -> bool:
     """`value` must be a Python or NumPy bool (not a string such as "false")."""
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
-    raise TypeError(f"`{name}`={value!r} must be True or False (a bool, not {type(value).__name__}).")
+    raise TypeError(
+        f"`{name}`={value!r} must be True or False (a bool, not {type(value).__name__})."
+    )
 
 
 def check_choice(name: str, value, choices: Iterable[str]) -> str:

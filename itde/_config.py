@@ -107,6 +107,10 @@ def from_dict(cls: type[T], table: dict, source: str = "<dict>") -> T:
 def load(cls: type[T], path: str | Path) -> T:
     """Read a TOML file into the config dataclass `cls`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"config path {str(path)!r} is a directory; give --config PATH to a TOML file"
+        )
     if not path.is_file():
         raise ConfigError(
             f"config file {str(path)!r} does not exist; give --config PATH to a TOML file"
@@ -117,6 +121,9 @@ def load(cls: type[T], path: str | Path) -> T:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     return from_dict(cls, table, str(path))
 
+
+#: What `itde converge` refines: the depth step, or the token / feature / both resolutions.
+AXES: tuple[str, ...] = ("depth", "tokens", "features", "all")
 
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey takes a uint32 seed: a wider one would be truncated
 
@@ -149,18 +156,23 @@ class ModelConfig:
     n_features: int = 32
     n_heads: int = 4
     n_hidden: int = 64
-    activation: typing.Literal["relu", "gelu", "gelu_tanh"] = "relu"
+    activation: str = "relu"  # a name of itde.ACTIVATIONS
     eps: float = 0.0
     bias: bool = True
     causal: bool = False
-    ffn_form: typing.Literal["residual", "relaxation"] = "residual"
+    ffn_form: str = "residual"  # "residual" or "relaxation" (itde.FFN_FORMS)
     seed: int = 0
     # eps = 0 is the paper's exact projection; with eps > 0 the variance residual printed
     # by `itde solve` is about eps (LayerNorm lands inside the sphere by var/(var+eps)).
 
     def __post_init__(self):
+        from ._registry import ACTIVATIONS, FFN_FORMS
+
         for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
             positive(f"model.{name}", getattr(self, name))
+        choices("model.activation", self.activation, ACTIVATIONS)
+        choices("model.ffn_form", self.ffn_form, FFN_FORMS)
+        seed("model.seed", self.seed)
         if self.n_features % self.n_heads:
             raise ConfigError(
                 f"`model.n_heads`={self.n_heads} does not divide `model.n_features`="
@@ -207,6 +219,12 @@ class SolveConfig:
     def __post_init__(self):
         positive("solve.n_tokens", self.n_tokens)
         positive("solve.dt", self.dt)
+        seed("solve.seed", self.seed)
+        if self.dt > 1.0:
+            raise ConfigError(
+                f"`solve.dt`={self.dt} is longer than one layer (depth length 1): a step would "
+                "straddle a layer boundary and skip layers; use dt <= 1, e.g. 1 or 0.5"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +234,18 @@ class SolveExperiment:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     grid: GridConfig = dataclasses.field(default_factory=GridConfig)
     solve: SolveConfig = dataclasses.field(default_factory=SolveConfig)
+
+    def __post_init__(self):
+        from ._quadrature._rules import RULES
+
+        rule = RULES[self.grid.tokens](interval=self.grid.token_interval)
+        try:
+            rule.nodes_weights(self.solve.n_tokens)
+        except ValueError as e:
+            raise ConfigError(
+                f"`solve.n_tokens`={self.solve.n_tokens} does not fit `grid.tokens`="
+                f"{self.grid.tokens!r}: {e}"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,14 +258,18 @@ class ProblemConfig:
     n_heads: int = 2
     n_hidden: int = 16
     n_modes: int = 3
-    activation: typing.Literal["relu", "gelu", "gelu_tanh"] = "gelu"
+    activation: str = "gelu"  # a name of itde.ACTIVATIONS
     t1: float = 1.0
     amplitude: float = 0.3
     seed: int = 0
 
     def __post_init__(self):
+        from ._registry import ACTIVATIONS
+
         for name in ("n_tokens", "n_features", "n_heads", "n_hidden", "n_modes", "t1"):
             positive(f"problem.{name}", getattr(self, name))
+        choices("problem.activation", self.activation, ACTIVATIONS)
+        seed("problem.seed", self.seed)
         if self.n_features % self.n_heads:
             raise ConfigError(
                 f"`problem.n_heads`={self.n_heads} does not divide `problem.n_features`="
@@ -260,9 +294,9 @@ class ReferenceConfig:
 @dataclasses.dataclass(frozen=True)
 class StudyConfig:
     """What is refined and how (the `[study]` table). `steps` are numbers of depth
-    steps over [0, t1]; `schemes` are names in `itde._registry.SCHEMES`."""
+    steps over [0, t1]; `schemes` are names in `itde.SCHEMES`; `axis` one of `AXES`."""
 
-    axis: typing.Literal["depth", "tokens", "features", "all"] = "depth"
+    axis: str = "depth"
     schemes: tuple[str, ...] = ("lie", "strang", "parallel", "euler", "heun", "rk4", "tsit5")
     steps: tuple[int, ...] = (4, 8, 16, 32, 64)
     out: str = "runs/convergence"
@@ -285,6 +319,7 @@ class StudyConfig:
     def __post_init__(self):
         from ._registry import SCHEMES
 
+        choices("study.axis", self.axis, AXES)
         for s in self.schemes:
             if s not in SCHEMES:
                 raise ConfigError(

@@ -13,9 +13,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
-
 from itde_solvers import ProjectionTerm, SplitTerm
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._abstract import AbstractEquation
 from ._checks import check_bool, check_choice, check_int

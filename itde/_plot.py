@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._io import atomic_write
+
 
 def _pyplot():
     import matplotlib
@@ -14,6 +16,13 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Save a figure atomically as PNG and close it."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    _pyplot().close(fig)
+    return Path(path)
 
 
 def plot_trajectory(norms: np.ndarray, ts: np.ndarray, path: Path) -> Path:
@@ -36,6 +45,4 @@ def plot_trajectory(norms: np.ndarray, ts: np.ndarray, path: Path) -> Path:
     b.set_xlabel("depth t (layer)")
     b.set_ylabel(r"$\|u(x,\cdot,t)\|_{\Omega_y}$ (RMS)")
     b.legend()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

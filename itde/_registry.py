@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import diffrax
-
 import itde_solvers as solvers
 
 from ._operators._attention import ATTENTION_IMPLS

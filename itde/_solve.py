@@ -9,7 +9,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from itde_solvers import (
     LieTrotter,
     ParallelSplitting,
@@ -22,7 +21,6 @@ from ._abstract import AbstractEquation
 from ._checks import check_bool, check_float, check_int
 from ._controls import PiecewiseConstant
 from ._registry import TERMS_KINDS
-
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
 
@@ -79,6 +77,7 @@ def solve(
     progress_meter: diffrax.AbstractProgressMeter | None = None,
     terms: str | SplitTerm | None = None,
     batched: bool = False,
+    throw: bool = True,
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
@@ -126,6 +125,8 @@ def solve(
     - `batched`: `u0` has a leading batch axis, `[batch, tokens, features]`; the
       sub-flows are mapped over it inside one solve (`model.terms(kind, batched=True)`).
       Same result as `jax.vmap` of the solve, with a cheaper backward pass.
+    - `throw`: as in `diffrax.diffeqsolve`: raise if the solve fails (e.g. `max_steps`
+      reached); with `False` the failure is in `Solution.result`.
     """
     if not isinstance(model, AbstractEquation):
         raise TypeError(
@@ -273,6 +274,7 @@ def solve(
         stepsize_controller=controller,
         adjoint=adjoint,
         max_steps=steps,
+        throw=check_bool("throw", throw),
         **kwargs,
     )
 

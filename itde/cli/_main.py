@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from .. import _config
+from .._io import check_output_dir, write_json
 
 
 def _build_solve(cfg: _config.SolveExperiment):
@@ -43,7 +42,6 @@ def cmd_solve(args) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
-
     from itde_solvers import LieTrotter
 
     from .._operators._layernorm import feature_mean
@@ -60,9 +58,9 @@ def cmd_solve(args) -> int:
         model = _build_solve(cfg)
     except ValueError as e:
         raise _config.ConfigError(f"{source}: {e}") from None
-    out = Path(args.out or cfg.solve.out)
+    out = check_output_dir(args.out or cfg.solve.out, "--out" if args.out else "solve.out")
     u0 = jax.random.normal(jax.random.key(cfg.solve.seed), (cfg.solve.n_tokens, model.n_features))
-    ts = jnp.arange(model.n_layers + 1, dtype=u0.dtype)
+    ts = np.asarray(model.controls.layer_times())
     run = jax.jit(
         lambda m, u: (
             solve(m, u, solver=LieTrotter(), dt0=cfg.solve.dt, saveat=diffrax.SaveAt(ts=ts)).ys
@@ -95,8 +93,7 @@ def cmd_solve(args) -> int:
             }
         )
         print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {rm:>11.2e} {rv:>11.2e}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"config": source, "layers": rows}, indent=2))
+    write_json(out / "summary.json", {"config": source, "layers": rows})
     png = plot_trajectory(norms, np.asarray(ts), out / "trajectory.png")
     print(f"wrote {out / 'summary.json'} and {png}")
     return 0
@@ -119,6 +116,7 @@ def cmd_converge(args) -> int:
     )
     if args.axis:
         cfg = dataclasses.replace(cfg, study=dataclasses.replace(cfg.study, axis=args.axis))
+    out = check_output_dir(args.out or cfg.study.out, "--out" if args.out else "study.out")
     axis = cfg.study.axis
     p = cfg.problem
     if axis == "depth":
@@ -143,7 +141,7 @@ def cmd_converge(args) -> int:
             "higher-order schemes fall below their smooth-problem values (compare with "
             "activation = 'gelu')."
         )
-    js, png = write_outputs(result, Path(args.out or cfg.study.out))
+    js, png = write_outputs(result, out)
     print(f"wrote {js} and {png} ({result['wall_s']:.1f} s)")
     return 0
 
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument(
         "--axis",
-        choices=["depth", "tokens", "features", "all"],
+        choices=_config.AXES,
         help="what to refine (default: [study].axis of the config, 'depth')",
     )
     p.set_defaults(func=cmd_converge)
@@ -173,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except _config.ConfigError as e:
         print(f"itde: config error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OSError) as e:
+        # an argument the user can fix (each message names it): one line, not a traceback
+        print(f"itde: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -7,12 +7,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._operators._attention import Attention
+from .._checks import check_bool, check_choice
 from .._controls import Block, PiecewiseConstant, stack
 from .._equation import TransformerIDE
+from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward
 from .._operators._layernorm import LayerNormProjection
-from .._checks import check_bool, check_choice
 from .._quadrature._rules import Grid, Midpoint
 from .._registry import FFN_FORMS
 

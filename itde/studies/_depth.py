@@ -8,21 +8,21 @@ tolerances. The observed order is the least-squares slope of log error on log st
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 import diffrax
+import itde_solvers as solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import itde_solvers as solvers
-
-from .._config import ConvergeExperiment, ProblemConfig
+from .._config import ConfigError, ConvergeExperiment, ProblemConfig
 from .._controls import LegendreControls
 from .._equation import TransformerIDE
+from .._io import check_output_dir, write_json
+from .._plot import save_figure
 from .._quadrature._rules import Grid
 from .._registry import SCHEMES
 from .._solve import solve
@@ -55,8 +55,16 @@ def reference_solution(model, u0, rtol, atol, max_steps):
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         dt0=model.depth / 64,
         max_steps=max_steps,
+        throw=False,
     )
-    return sol.ys[-1], sol.stats["num_steps"]
+    n = int(sol.stats["num_steps"])
+    if not bool(jnp.all(jnp.isfinite(sol.ys[-1]))) or n >= max_steps:
+        raise ConfigError(
+            f"the reference solve (projected Dopri8, rtol={rtol}, atol={atol}) did not reach "
+            f"T={model.depth} within `reference.max_steps`={max_steps} steps; raise "
+            "`reference.max_steps` or loosen `reference.rtol`/`reference.atol`"
+        )
+    return sol.ys[-1], n
 
 
 def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
@@ -176,17 +184,13 @@ def plot_study(result: dict, path: Path) -> Path:
     ax.set_ylabel("max error against the reference")
     ax.set_title(f"convergence in {axis} (dotted: expected slopes)")
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def write_outputs(result: dict, out: Path) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out)
     axis = result["axis"]
-    js = out / ("convergence.json" if axis == "depth" else f"convergence_{axis}.json")
-    tmp = js.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(js)
+    name = "convergence.json" if axis == "depth" else f"convergence_{axis}.json"
+    js = write_json(out / name, result)
     png = plot_study(result, out / f"convergence_{result['axis']}.png")
     return js, png

@@ -25,20 +25,19 @@ import math
 import time
 
 import diffrax
+import itde_solvers as solvers
 import jax
 import jax.numpy as jnp
 
-import itde_solvers as solvers
-
 from .._config import ConvergeExperiment
 from .._controls import LegendreControls, PiecewiseConstant, stack
-from ._depth import study_order
 from .._equation import TransformerIDE
-from ..function._block import FunctionBlock
-from ..function._kernels import FourierBasis, FunctionField, LegendreBasis
 from .._quadrature._rules import RULES, GaussLegendre, Grid
 from .._registry import SCHEMES
 from .._solve import solve
+from ..function._block import FunctionBlock
+from ..function._kernels import FourierBasis, FunctionField, LegendreBasis
+from ._depth import study_order
 
 FIXED_NODES = 32  # the fixed, fine Gauss-Legendre grid on the axis not being refined
 INTERNAL_NODES = 24  # head and hidden domains (Gauss-Legendre)

@@ -1,0 +1,65 @@
+"""Files written by the library: atomically (a reader never sees half a file) and into
+output directories checked before any work starts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem / OS supports it
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: str | Path, write) -> Path:
+    """Call `write(binary_file)` on a temporary file next to `path`, fsync it, and rename
+    it onto `path` (readable by all, as a plain file would be)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Write `obj` as indented JSON, atomically."""
+    data = json.dumps(obj, indent=2).encode()
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def check_output_dir(path: str | Path, name: str = "--out") -> Path:
+    """Create the output directory `path`, or say why it cannot be one, before any work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(
+            f"`{name}` {str(path)!r} is an existing file, not a directory; give a directory "
+            "path (it is created if missing)."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileExistsError(
+            f"`{name}` {str(path)!r} cannot be created as a directory ({e.strerror}); give "
+            "another path."
+        ) from None
+    if not os.access(path, os.W_OK):
+        raise PermissionError(f"`{name}` {str(path)!r} is not writable; give another directory.")
+    return path
