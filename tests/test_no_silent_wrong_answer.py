@@ -1,0 +1,157 @@
+"""Inputs that used to give a wrong answer without a word now give the right answer or a
+clear error (each test here failed before the fix)."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import itde
+import itde.cli
+from itde import _config
+
+KEY = jax.random.PRNGKey(0)
+
+
+def _model(n_layers=3, d=8, **kw):
+    return itde.TransformerIDE.init(KEY, n_layers=n_layers, n_features=d, n_heads=2, n_hidden=16,
+                                    dtype=jnp.float64, **kw)  # fmt: skip
+
+
+def _x(n=5, d=8):
+    return jax.random.normal(jax.random.PRNGKey(1), (n, d), jnp.float64)
+
+
+def _one_layer(model, n):
+    """Layer `n` of `model` as a one-layer model."""
+    v = jax.tree.map(lambda a: a[n : n + 1], model.controls.values)
+    return itde.TransformerIDE(itde.PiecewiseConstant(v), model.grid)
+
+
+# ------------------------------------------------------------------ 1. steps vs layers
+def test_depth_step_longer_than_a_layer_is_an_error():
+    m, x = _model(), _x()
+    for dt0 in (2, 1e6):
+        with pytest.raises(ValueError, match=r"`dt0`=.* longer than one layer .*depth length 1"):
+            itde.solve(m, x, dt0=dt0)
+
+
+def test_every_layer_is_used_and_no_step_mixes_two_layers():
+    """dt0 = 0.3 does not divide a layer: the grid restarts at each boundary, so the solve
+    equals three one-layer solves in sequence (an independent composition), and zeroing
+    the middle layer changes the answer (before: dt0 = 2 never evaluated it)."""
+    m, x = _model(), _x()
+    got = itde.solve(m, x, dt0=0.3).ys[-1]
+    u = x
+    for n in range(3):
+        u = itde.solve(_one_layer(m, n), u, dt0=0.3).ys[-1]
+    np.testing.assert_allclose(got, u, rtol=0, atol=1e-12)
+    zeroed = eqx.tree_at(lambda mm: mm.controls.values.feedforward.w2,
+                         m, m.controls.values.feedforward.w2.at[1].set(0.0))  # fmt: skip
+    assert float(jnp.max(jnp.abs(itde.solve(zeroed, x, dt0=0.3).ys[-1] - got))) > 1e-3
+
+
+def test_constant_steps_must_divide_the_layer():
+    m, x = _model(), _x()
+    with pytest.raises(ValueError, match=r"`dt0`=0.3 does not divide the layers' depth length"):
+        itde.solve(m, x, dt0=0.3, stepsize_controller=diffrax.ConstantStepSize())
+    a = itde.solve(m, x, dt0=0.5, stepsize_controller=diffrax.ConstantStepSize()).ys[-1]
+    b = itde.solve(m, x, dt0=0.5).ys[-1]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_stepto_grid_must_hold_the_layer_boundaries():
+    m, x = _model(), _x()
+    with pytest.raises(ValueError, match=r"lacks the layer boundaries \[1.0"):
+        itde.solve(m, x, stepsize_controller=diffrax.StepTo(ts=jnp.array([0.0, 1.5, 3.0])))
+
+
+def test_cli_solve_refuses_a_step_longer_than_a_layer(tmp_path, capsys):
+    cfg = tmp_path / "dt2.toml"
+    cfg.write_text("[solve]\ndt = 2.0\n")
+    assert itde.cli.main(["solve", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "`solve.dt`=2.0 is longer than one layer" in err and "dt2.toml" in err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+# ------------------------------------------------------------------ 2. t1 past the depth
+def test_t1_past_the_depth_is_an_error_and_t1_inside_is_honoured():
+    m, x = _model(n_layers=2), _x()
+    with pytest.raises(ValueError, match=r"`t1`=10.0 is past the depth T=2.0"):
+        itde.solve(m, x, t1=10)
+    # t1 = 1 on a 2-layer model = the first layer alone
+    np.testing.assert_allclose(itde.solve(m, x, t1=1).ys[-1], _one_layer(m, 0)(x), atol=1e-12)
+
+
+# ------------------------------------------------------------------ 3. typed static options
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(causal="false"), r"`causal`='false' must be True or False"),
+        (dict(causal=1), r"`causal`=1 must be True or False"),
+        (dict(ffn_form="relax"), r"`ffn_form`='relax' is not known; choose one of"),
+        (dict(attention_impl="flash"), r"`attention_impl`='flash' is not known"),
+        (dict(block_size=0), r"`block_size`=0 must be an integer >= 1"),
+        (dict(block_size=2.5), r"`block_size`=2.5 must be an integer"),
+        (dict(batch_axis=2), r"`batch_axis`=2 must be 0"),
+    ],
+)
+def test_static_options_are_type_checked(kwargs, match):
+    m = _model(n_layers=1)
+    with pytest.raises((TypeError, ValueError), match=match):
+        itde.TransformerIDE(m.controls, m.grid, **kwargs)
+
+
+def test_init_and_from_torch_check_causal():
+    with pytest.raises(TypeError, match=r"`causal`='false' must be True or False"):
+        _model(n_layers=1, causal="false")
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    with pytest.raises(TypeError, match=r"`causal`='no' must be True or False"):
+        itde.from_torch(layer, causal="no")
+
+
+# ------------------------------------------------------------------ 4. zero variance
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("value", [0.7, 0.1, -3.3])
+def test_constant_token_is_refused_with_eps_zero_whatever_its_value(value, dtype):
+    norm = itde.LayerNormProjection(0.0, 1.0, None, None, eps=0.0)
+    u = jnp.full((2, 8), value, dtype).at[0].set(jnp.arange(8.0, dtype=dtype))
+    with pytest.raises(Exception, match="zero feature variance up to round-off"):
+        jax.block_until_ready(norm(u))
+
+
+def test_small_but_real_variance_is_projected():
+    norm = itde.LayerNormProjection(0.0, 1.0, None, None, eps=0.0)
+    u = 0.7 + 1e-6 * jax.random.normal(KEY, (3, 8), jnp.float64)
+    p = norm(u)
+    np.testing.assert_allclose(jnp.var(p, axis=-1), 1.0, atol=1e-9)
+
+
+# ------------------------------------------------------------------ 5. seeds
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**63 - 1])
+def test_seeds_outside_32_bits_are_config_errors(seed):
+    with pytest.raises(_config.ConfigError, match=r"`model.seed`=.* must be an integer in \[0, "):
+        _config.from_dict(_config.SolveExperiment, {"model": {"seed": seed}})
+    with pytest.raises(_config.ConfigError, match=r"`problem.seed`="):
+        _config.from_dict(_config.ConvergeExperiment, {"problem": {"seed": seed}})
+
+
+# ------------------------------------------------------------------ 6. batch layout
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_from_torch_records_the_batch_layout(batch_first):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first,
+                                             dtype=torch.float64).eval()  # fmt: skip
+    m = itde.from_torch(layer)
+    assert m.batch_axis == (0 if batch_first else 1)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)  # [batch, tokens, d] or [tokens, batch, d]
+    with torch.no_grad():
+        ref = layer(x).numpy()
+    got = np.asarray(m.batch(jnp.asarray(x.numpy())))
+    np.testing.assert_allclose(got, ref, atol=1e-12)
+    vm = jax.vmap(m, in_axes=m.batch_axis, out_axes=m.batch_axis)(jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(vm, ref, atol=1e-12)
