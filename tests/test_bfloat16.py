@@ -2,13 +2,13 @@
 float32 within a bound stated from bfloat16's unit round-off."""
 
 import equinox as eqx
+import itde_solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import itde
-import itde_solvers
 
 KEY = jax.random.PRNGKey(0)
 BF16_EPS = float(jnp.finfo(jnp.bfloat16).eps)  # 2**-7: the spacing of bfloat16 numbers at 1

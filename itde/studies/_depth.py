@@ -47,7 +47,7 @@ def build_problem(p: ProblemConfig) -> tuple[TransformerIDE, jax.Array]:
     return model, model.project(0.0, f)
 
 
-def reference_solution(model, u0, rtol, atol, max_steps):
+def _reference(model, u0, rtol, atol, max_steps):
     sol = solve(
         model,
         u0,
@@ -57,14 +57,20 @@ def reference_solution(model, u0, rtol, atol, max_steps):
         max_steps=max_steps,
         throw=False,
     )
-    n = int(sol.stats["num_steps"])
-    if not bool(jnp.all(jnp.isfinite(sol.ys[-1]))) or n >= max_steps:
+    return sol.ys[-1], sol.stats["num_steps"], sol.result == diffrax.RESULTS.successful
+
+
+def reference_solution(model, u0, rtol, atol, max_steps):
+    """The reference $u(T)$ (projected Dopri8, adaptive) and its step count; a
+    `ConfigError` naming `reference.max_steps` when it does not reach $T$."""
+    ys, n, ok = jax.jit(_reference, static_argnums=(2, 3, 4))(model, u0, rtol, atol, max_steps)
+    if not bool(ok) or not bool(jnp.all(jnp.isfinite(ys))):
         raise ConfigError(
             f"the reference solve (projected Dopri8, rtol={rtol}, atol={atol}) did not reach "
             f"T={model.depth} within `reference.max_steps`={max_steps} steps; raise "
             "`reference.max_steps` or loosen `reference.rtol`/`reference.atol`"
         )
-    return sol.ys[-1], n
+    return ys, int(n)
 
 
 def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
@@ -76,7 +82,7 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     p, r, s = cfg.problem, cfg.reference, cfg.study
     model, u0 = build_problem(p)
     t_start = time.perf_counter()
-    ref, ref_steps = jax.jit(reference_solution, static_argnums=(2, 3, 4))(
+    ref, ref_steps = reference_solution(
         model, u0, r.rtol, r.atol, r.max_steps
     )
     ref.block_until_ready()
