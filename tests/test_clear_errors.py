@@ -36,8 +36,8 @@ def test_half_precision_models_convert_both_ways(dtype):
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, dtype=dtype)
     enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
     m = itde.from_torch(enc)
-    assert m.controls.values.attention.wq.dtype == {torch.float16: jnp.float16,
-                                                    torch.bfloat16: jnp.bfloat16}[dtype]  # fmt: skip
+    expected = {torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16}[dtype]
+    assert m.controls.values.attention.wq.dtype == expected
     back = itde.to_torch(m)
     for (k, a), b in zip(enc.state_dict().items(), back.state_dict().values()):
         assert a.dtype == b.dtype and torch.equal(a, b), k
