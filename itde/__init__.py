@@ -6,24 +6,15 @@ quadrature, layer normalisation a projection onto a constraint set, and one Lie
 operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer block.
 """
 
+from ._abstract import AbstractEquation
+from ._config import ConfigError
+from ._controls import AbstractControls, Block, LegendreControls, PiecewiseConstant, stack
+from ._equation import TransformerIDE
 from ._operators._attention import Attention
 from ._operators._blocked import blocked_attention, dense_attention, fused_attention
-from ._controls import Block, LegendreControls, PiecewiseConstant, stack
-from ._equation import TransformerIDE
 from ._operators._feedforward import FeedForward
-from .function._block import FunctionBlock
-from ._quadrature._grid2d import TensorGrid2D
-from .interop._torch import from_torch, to_torch
-from .function._kernels import (
-    FourierBasis,
-    FunctionAttention,
-    FunctionBias,
-    FunctionFeedForward,
-    FunctionField,
-    FunctionKernel,
-    LegendreBasis,
-)
 from ._operators._layernorm import LayerNormProjection
+from ._quadrature._grid2d import TensorGrid2D
 from ._quadrature._rules import (
     RULES,
     AbstractQuadrature,
@@ -34,11 +25,32 @@ from ._quadrature._rules import (
     Simpson,
     Trapezoid,
 )
+from ._registry import ACTIVATIONS, ATTENTION_IMPLS, FFN_FORMS, SCHEMES, TERMS_KINDS, Scheme
 from ._solve import solve
+from .function._block import FunctionBlock
+from .function._kernels import (
+    FourierBasis,
+    FunctionAttention,
+    FunctionBias,
+    FunctionFeedForward,
+    FunctionField,
+    FunctionKernel,
+    LegendreBasis,
+)
+from .interop._torch import from_torch, to_torch
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACTIVATIONS",
+    "ATTENTION_IMPLS",
+    "AbstractControls",
+    "AbstractEquation",
+    "ConfigError",
+    "FFN_FORMS",
+    "SCHEMES",
+    "Scheme",
+    "TERMS_KINDS",
     "RULES",
     "AbstractQuadrature",
     "Attention",
