@@ -147,6 +147,8 @@ def cmd_converge(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `itde` command line on `argv` (default `sys.argv[1:]`); return the exit
+    status: 0 on success, 2 for a mistake the user can fix (printed as one line)."""
     parser = argparse.ArgumentParser(prog="itde", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("solve", help="solve the Transformer IDE for a random model and state")

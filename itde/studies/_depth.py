@@ -154,6 +154,8 @@ def study_order(steps, errors, *, floor: float = 1e-12, asymptotic: int | None =
 
 
 def format_table(result: dict) -> str:
+    """The study's result as the plain-text table `itde converge` prints: one row per
+    scheme (or rule), its errors at each step (or node count) and the observed order."""
     rows = result["results"]
     key = "dt" if "dt" in rows[0] else "n"
     width = max(10, max(len(r["scheme"]) for r in rows) + 1)
@@ -194,6 +196,8 @@ def plot_study(result: dict, path: Path) -> Path:
 
 
 def write_outputs(result: dict, out: Path) -> tuple[Path, Path]:
+    """Write `convergence[_axis].json` and the log-log plot into `out` (atomically);
+    return their paths."""
     check_output_dir(out)
     axis = result["axis"]
     name = "convergence.json" if axis == "depth" else f"convergence_{axis}.json"

@@ -1,0 +1,140 @@
+"""The house rules of the layout, checked: no import cycle, no private module named where a
+user reads, every public name importable and documented."""
+
+import ast
+import contextlib
+import importlib
+import inspect
+import io
+import pathlib
+import re
+
+import pytest
+
+import itde
+import itde.cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = {"itde": ROOT / "itde", "itde_solvers": ROOT / "solvers" / "itde_solvers"}
+PUBLIC_PACKAGES = ["itde", "itde.function", "itde.interop", "itde.studies", "itde.train",
+                   "itde.data", "itde.cli", "itde_solvers"]  # fmt: skip
+PRIVATE = re.compile(r"\bitde(?:_solvers)?(?:\.\w+)*\._[a-z]\w*")
+
+
+def _modules():
+    """module name -> file, for every module of both packages."""
+    out = {}
+    for pkg, root in PACKAGES.items():
+        for f in root.rglob("*.py"):
+            rel = f.relative_to(root).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join((pkg, *rel))] = f
+    return out
+
+
+def _imports(name, path, modules):
+    """Every module of ours that `name` imports, at any depth of its code (an import inside
+    a function still makes a cycle, only a later one)."""
+    is_pkg = path.name == "__init__.py"
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parent = base[: len(base) - node.level + 1]
+                mod = ".".join(parent + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def test_no_import_cycle():
+    """Depth-first search over the static import graph of `itde` and `itde_solvers` (every
+    import statement, module level or not; a package's `__init__` counts as importing
+    what it re-exports)."""
+    modules = _modules()
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    # importing a submodule first imports its parent packages: those edges are implied,
+    # not written, and a package importing its own submodule is not a cycle
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if m.startswith(n + ".") or n.startswith(m + "."):
+                continue  # parent package / own submodule
+            if state.get(n) == "open":
+                cycles.append(stack[stack.index(n):] + [n] if n in stack else [m, n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_cycle_detector_finds_a_cycle(tmp_path):
+    """The detector is not vacuous: two modules importing each other are found."""
+    (tmp_path / "a.py").write_text("from .b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import y\n")
+    modules = {"p.a": tmp_path / "a.py", "p.b": tmp_path / "b.py"}
+    assert _imports("p.a", modules["p.a"], modules) == {"p.b"}
+    assert _imports("p.b", modules["p.b"], modules) == {"p.a"}
+
+
+def test_solvers_never_import_itde():
+    modules = _modules()
+    for m, p in modules.items():
+        if m.startswith("itde_solvers"):
+            bad = {n for n in _imports(m, p, modules) if n.split(".")[0] == "itde"}
+            assert not bad, f"{m} imports {bad}"
+
+
+def _help_texts():
+    texts = []
+    for argv in (["--help"], *([c, "--help"] for c in ("solve", "converge", "train", "eval",
+                                                        "sample"))):  # fmt: skip
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+            itde.cli.main(argv)
+        texts.append((" ".join(argv), buf.getvalue()))
+    return texts
+
+
+def test_no_private_module_named_where_users_read():
+    places = [("README.md", (ROOT / "README.md").read_text())]
+    places += [(str(p.relative_to(ROOT)), p.read_text()) for p in (ROOT / "configs").glob("*")]
+    places += [(f"itde {a}", t) for a, t in _help_texts()]
+    for pkg in PUBLIC_PACKAGES:
+        mod = importlib.import_module(pkg)
+        places.append((pkg, inspect.getdoc(mod) or ""))
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            places.append((f"{pkg}.{name}", inspect.getdoc(obj) or ""))
+    bad = [(where, PRIVATE.findall(text)) for where, text in places if PRIVATE.search(text)]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("pkg", PUBLIC_PACKAGES)
+def test_public_names_exist_and_are_documented(pkg):
+    mod = importlib.import_module(pkg)
+    assert mod.__doc__, f"{pkg} has no docstring"
+    names = getattr(mod, "__all__", None)
+    assert names, f"{pkg} has no __all__"
+    assert len(names) == len(set(names)), f"{pkg}.__all__ repeats a name"
+    for name in names:
+        obj = getattr(mod, name)  # AttributeError: listed but not importable
+        if callable(obj) and not isinstance(obj, type(re)):
+            assert inspect.getdoc(obj), f"{pkg}.{name} has no docstring"
