@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from diffrax import ODETerm
-
 from itde_solvers import (
     RK4,
     LieTrotter,
@@ -18,10 +17,10 @@ from itde_solvers import (
     ProjectionTerm,
     SplitTerm,
     Strang,
+    advance,
     error_norm,
     observed_order,
 )
-from itde_solvers._lie import advance
 
 TOL = 0.15  # tolerance on an observed order
 
