@@ -137,7 +137,7 @@ class _Probe(diffrax.AbstractSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         self.seen.append((type(terms), type(getattr(terms, "term", None))))
-        y1 = y0 + terms.vf_prod(t0, y0, args, terms.contr(t0, t1))
+        y1 = jax.tree.map(jnp.add, y0, terms.vf_prod(t0, y0, args, terms.contr(t0, t1)))
         return y1, None, dict(y0=y0, y1=y1), None, diffrax.RESULTS.successful
 
     def func(self, terms, t0, y0, args):
