@@ -6,15 +6,17 @@ r"""The two diffrax classes this package needs that diffrax does not re-export.
 - `AdjointTerm`: `diffrax.BacksolveAdjoint` runs its backward (adjoint) solve over the
   terms wrapped in it; `Projected` recognises that solve and runs it unprojected.
 
-Both live in `diffrax._term`, a private module, so they may move in any release. They are
-known to exist and to be used as above in diffrax 0.6.0 to 0.7.2 (checked in the sources
-of 0.6.0, 0.6.2, 0.7.0 and 0.7.2; the test suite runs on 0.7.2), which is the range pinned
-in `pyproject.toml`. `tests/test_solvers_boundary.py` checks both assumptions against the
-installed diffrax and names this pin when they fail. Import them from here only.
+Both live in `diffrax._term`, a private module, so they may move in any release. The
+pinned range is where this was verified by running the solver tests (diffrax 0.7.0 and
+0.7.2, on JAX 0.10). The sources of 0.6.0 and 0.6.2 define and use both the same way,
+but those releases do not run on JAX 0.10 (they call the removed `jax.core.get_aval`), so
+they were not tested and are not claimed.
+`tests/test_solvers_boundary.py` checks both assumptions against the installed diffrax and
+names the pin when they fail. Import them from here only.
 """
 
 from diffrax._term import AdjointTerm, WrapTerm
 
-KNOWN_DIFFRAX = ">=0.6.0,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
+KNOWN_DIFFRAX = ">=0.7.0,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
 
 __all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm"]
