@@ -4,24 +4,26 @@ Orders are measured against exact or high-accuracy references in float64; a floa
 smoke test checks that the solvers also run (and converge) in single precision.
 """
 
+import chex
 import diffrax
+import itde_solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from diffrax import ODETerm
-
 from itde_solvers import (
     RK4,
+    AbstractSplittingSolver,
     LieTrotter,
     ParallelSplitting,
     ProjectionTerm,
     SplitTerm,
     Strang,
+    advance,
     error_norm,
     observed_order,
 )
-from itde_solvers._lie import advance
 
 TOL = 0.15  # tolerance on an observed order
 
@@ -134,28 +136,21 @@ def nonautonomous(linear):
     return SplitTerm((ODETerm(fa), ODETerm(fb))), y0, reference
 
 
-class _NaiveStrang(diffrax.AbstractSolver):
+class _NaiveStrang(AbstractSplittingSolver):
     """Strang where every sub-step runs its own clock from t0 (the trap; not exported)."""
 
-    term_structure = diffrax.AbstractTerm
-    interpolation_cls = diffrax.LocalLinearInterpolation
+    solvers: diffrax.AbstractSolver = diffrax.Heun()
 
     def order(self, terms):
         return 2
 
-    def init(self, terms, t0, t1, y0, args):
-        return None
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        fa, fb = terms.term.terms
+    def compose(self, flows, subs, t0, t1, y0, args):
+        (fa, fb), (sa, sb) = flows, subs
         half = t0 + (t1 - t0) / 2
-        y, _ = advance(fa, diffrax.Heun(), t0, half, y0, args)
-        y, _ = advance(fb, diffrax.Heun(), t0, t1, y, args)
-        y, _ = advance(fa, diffrax.Heun(), t0, half, y, args)
-        return y, None, dict(y0=y0, y1=y), None, diffrax.RESULTS.successful
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
+        y, r1 = advance(fa, sa, t0, half, y0, args)
+        y, r2 = advance(fb, sb, t0, t1, y, args)
+        y, r3 = advance(fa, sa, t0, half, y, args)
+        return y, itde_solvers.combine_results([r1, r2, r3])
 
 
 @pytest.mark.parametrize(
@@ -265,22 +260,8 @@ def test_rk4_order():
     assert abs(order - 4.0) < TOL, order
 
 
-def test_rk4_is_classical_and_adaptive():
-    """One step equals the textbook formula; the embedded estimate drives a PIDController."""
-    f = lambda t, y: jnp.cos(t) * y**2 - y  # noqa: E731
-    t0, h, y0 = 0.3, 0.2, jnp.array([0.7])
-    k1 = f(t0, y0)
-    k2 = f(t0 + h / 2, y0 + h / 2 * k1)
-    k3 = f(t0 + h / 2, y0 + h / 2 * k2)
-    k4 = f(t0 + h, y0 + h * k3)
-    textbook = y0 + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    term = ODETerm(lambda t, y, args: f(t, y))
-    solver = RK4()
-    state = solver.init(term, t0, t0 + h, y0, None)
-    y1, y_error, _, _, _ = solver.step(term, t0, t0 + h, y0, None, state, False)
-    assert jnp.allclose(y1, textbook, rtol=0, atol=1e-15)
-    assert jnp.allclose(y_error, h / 6 * (k4 - f(t0 + h, y1)), rtol=0, atol=1e-15)
-
+def test_rk4_drives_a_pid_controller():
+    """The embedded third-order estimate makes RK4 adaptive."""
     field = ODETerm(lambda t, y, args: -y + jnp.sin(t))
     sol = diffrax.diffeqsolve(
         field,
@@ -293,6 +274,114 @@ def test_rk4_is_classical_and_adaptive():
     )
     exact = 1.5 * jnp.exp(-2.0) + (jnp.sin(2.0) - jnp.cos(2.0)) / 2
     assert float(jnp.abs(sol.ys[-1, 0] - exact)) < 1e-7
+
+
+# --- one step against the textbook formula, jitted and not ----------------------------
+
+
+def _f(t, y):
+    return jnp.cos(t) * y**2 - y
+
+
+def _g(t, y):
+    return jnp.sin(2.0 * t) * y[::-1] + 0.3 * y
+
+
+T0, H = 0.3, 0.2
+Y0 = jnp.array([0.7, -0.4])
+FIELDS = SplitTerm((ODETerm(lambda t, y, args: _f(t, y)), ODETerm(lambda t, y, args: _g(t, y))))
+
+
+def _one_step(solver, terms=FIELDS, h=H):
+    state = solver.init(terms, T0, T0 + h, Y0, None)
+    y1, y_error, _, _, result = solver.step(terms, T0, T0 + h, Y0, None, state, False)
+    return y1, y_error, result
+
+
+def _heun(f, t0, h, y):
+    k1 = f(t0, y)
+    return y + h / 2 * (k1 + f(t0 + h, y + h * k1))
+
+
+class TestOneStep(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_rk4_is_classical(self):
+        k1 = _f(T0, Y0)
+        k2 = _f(T0 + H / 2, Y0 + H / 2 * k1)
+        k3 = _f(T0 + H / 2, Y0 + H / 2 * k2)
+        k4 = _f(T0 + H, Y0 + H * k3)
+        textbook = Y0 + H / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        y1, y_error, _ = self.variant(lambda: _one_step(RK4(), FIELDS.terms[0]))()
+        chex.assert_trees_all_close(y1, textbook, rtol=0, atol=1e-15)
+        chex.assert_trees_all_close(y_error, H / 6 * (k4 - _f(T0 + H, y1)), rtol=0, atol=1e-15)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_lie_trotter_is_euler_then_euler(self):
+        y = Y0 + H * _f(T0, Y0)
+        y = y + H * _g(T0, y)
+        y1, y_error, result = self.variant(lambda: _one_step(LieTrotter()))()
+        chex.assert_trees_all_close(y1, y, rtol=0, atol=1e-15)
+        assert y_error is None
+        assert result == diffrax.RESULTS.successful
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_parallel_with_euler_is_euler_on_the_sum(self):
+        # (1/K) sum_i (y0 + K h f_i(t0, y0)) = y0 + h sum_i f_i(t0, y0)
+        y = Y0 + H * (_f(T0, Y0) + _g(T0, Y0))
+        y1, _, _ = self.variant(lambda: _one_step(ParallelSplitting()))()
+        chex.assert_trees_all_close(y1, y, rtol=0, atol=1e-15)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_strang_is_half_full_half_with_the_clock_in_the_middle_flow(self):
+        # f for h/2 frozen at t0, g over [t0, t1], f for h/2 frozen at t1 (Heun sub-steps)
+        y = _heun(lambda t, y: _f(T0, y), T0, H / 2, Y0)
+        y = _heun(_g, T0, H, y)
+        y = _heun(lambda t, y: _f(T0 + H, y), T0, H / 2, y)
+        y1, _, _ = self.variant(lambda: _one_step(Strang()))()
+        chex.assert_trees_all_close(y1, y, rtol=0, atol=1e-15)
+
+
+def test_orders_from_theory():
+    """Lie–Trotter and parallel: 1; Strang: min(2, sub-solver orders), or the sub-solver's
+    order when there is a single vector field."""
+    single = SplitTerm((ODETerm(lambda t, y, args: -y), ProjectionTerm(lambda t, y: y)))
+    assert LieTrotter().order(FIELDS) == 1
+    assert ParallelSplitting(RK4()).order(FIELDS) == 1
+    assert Strang().order(FIELDS) == 2
+    assert Strang(RK4()).order(FIELDS) == 2
+    assert Strang(solvers=(diffrax.Euler(), RK4())).order(FIELDS) == 1
+    assert Strang(RK4()).order(single) == 4
+
+
+# --- a new splitting solver from the public helpers (the package docstring's example) --
+
+
+class _ReversedLieTrotter(AbstractSplittingSolver):
+    solvers: diffrax.AbstractSolver = diffrax.Euler()
+
+    def order(self, terms):
+        return 1
+
+    def compose(self, flows, subs, t0, t1, y0, args):
+        y, results = y0, []
+        for term, sub in reversed(tuple(zip(flows, subs))):
+            y, result = itde_solvers.advance(term, sub, t0, t1, y, args)
+            results.append(result)
+        return y, itde_solvers.combine_results(results)
+
+
+def test_a_new_splitting_solver_from_the_public_helpers(linear):
+    """The docstring's example: applying (f_a, f_b) last to first is Lie–Trotter on
+    (f_b, f_a), bit for bit, forwards and backwards in time (so its order is Lie–Trotter's)."""
+    terms, y0, _, _, _ = linear
+    swapped = SplitTerm(terms.terms[::-1])
+    for t0, t1 in [(0.0, 1.0), (1.0, 0.0)]:
+        ours = _final(terms, _ReversedLieTrotter(), t0, t1, 16, y0)
+        theirs = _final(swapped, LieTrotter(), t0, t1, 16, y0)
+        assert jnp.array_equal(ours, theirs)
+    assert isinstance(_ReversedLieTrotter(), diffrax.AbstractSolver)
+    with pytest.raises(TypeError, match="abstract"):
+        AbstractSplittingSolver()  # type: ignore[abstract]
 
 
 # --- gradients and float32 ------------------------------------------------------------
@@ -341,6 +430,13 @@ def test_wrong_number_of_subsolvers_is_a_value_error(linear, cls):
     terms, y0, _, _, _ = linear
     with pytest.raises(ValueError, match="2 sub-flows"):
         diffrax.diffeqsolve(terms, cls(solvers=(diffrax.Heun(),)), 0.0, 1.0, 0.1, y0)
+
+
+@pytest.mark.parametrize("cls", [Strang, ParallelSplitting, LieTrotter, _ReversedLieTrotter])
+def test_only_projections_is_a_value_error(cls):
+    terms = SplitTerm((ProjectionTerm(lambda t, y: y),))
+    with pytest.raises(ValueError, match="at least one vector-field"):
+        diffrax.diffeqsolve(terms, cls(), 0.0, 1.0, 0.1, jnp.array([1.0]))
 
 
 def test_strang_clock_must_be_a_vector_field():

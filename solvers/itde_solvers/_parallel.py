@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import diffrax
 import jax.tree_util as jtu
-from diffrax import AbstractSolver, AbstractTerm, LocalLinearInterpolation
+from diffrax import AbstractSolver, AbstractTerm
 
-from ._lie import _resolve_subsolvers, advance, combine_results
-from ._terms import check_split, is_projection
+from ._splitting import AbstractSplittingSolver
+from ._subflows import advance, combine_results, is_projection
 
 
 class _ScaledControl(AbstractTerm):
@@ -28,12 +28,12 @@ class _ScaledControl(AbstractTerm):
         return self.term.prod(vf, control)
 
 
-class ParallelSplitting(AbstractSolver):
+class ParallelSplitting(AbstractSplittingSolver):
     r"""Parallel (averaged) splitting of $y_t = \sum_{i=1}^K f_i(t, y)$.
 
     One step from $t_0$ to $t_1 = t_0 + h$ advances each of the $K$ vector-field sub-flows
-    of a [`SplitTerm`][solvers.SplitTerm] *from the same start* $y_0$ with $K h$, averages
-    the $K$ results, then applies the projection sub-flows in tuple order at $t_1$:
+    of a [`SplitTerm`][itde_solvers.SplitTerm] *from the same start* $y_0$ with $K h$,
+    averages the $K$ results, then applies the projection sub-flows in tuple order at $t_1$:
 
     $$y_1 = P_m \circ \cdots \circ P_1\Big(\tfrac1K \sum_{i=1}^K \Phi^{(i)}_{Kh}(y_0)\Big).$$
 
@@ -54,27 +54,12 @@ class ParallelSplitting(AbstractSolver):
 
     solvers: AbstractSolver | tuple[AbstractSolver | None, ...] = diffrax.Euler()
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar = LocalLinearInterpolation
-
     def order(self, terms):
-        check_split(terms, "ParallelSplitting")
+        self.sub_flows(terms)
         return 1
 
-    def init(self, terms, t0, t1, y0, args):
-        check_split(terms, "ParallelSplitting")
-        return None
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        del solver_state, made_jump
-        flows = check_split(terms, "ParallelSplitting")
-        subs = _resolve_subsolvers(self.solvers, flows, "ParallelSplitting")
+    def compose(self, flows, subs, t0, t1, y0, args):
         fields = [(term, sub) for term, sub in zip(flows, subs) if not is_projection(term)]
-        if not fields:
-            raise ValueError(
-                "`ParallelSplitting` needs at least one vector-field sub-flow in the "
-                f"SplitTerm, got only projections ({len(flows)} of them)."
-            )
         k = len(fields)
         outs, results = [], []
         for term, sub in fields:
@@ -86,10 +71,7 @@ class ParallelSplitting(AbstractSolver):
             if is_projection(term):
                 y, result = advance(term, sub, t0, t1, y, args)
                 results.append(result)
-        return y, None, dict(y0=y0, y1=y), None, combine_results(results)
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
+        return y, combine_results(results)
 
 
 __all__ = ["ParallelSplitting"]

@@ -15,10 +15,9 @@ from diffrax import (
     AbstractTerm,
     AbstractWrappedSolver,
 )
-from diffrax._term import AdjointTerm, WrapTerm  # not re-exported by diffrax
 
-from ._lie import advance, combine_results
-from ._terms import check_split, is_projection
+from ._diffrax_private import AdjointTerm, WrapTerm
+from ._subflows import advance, combine_results, is_projection, split_flows
 
 
 class _ProjectedInterpolation(AbstractLocalInterpolation):
@@ -53,7 +52,7 @@ def _build_interpolation(inner_cls, *, t0, t1, inner, correction):
 class Projected(AbstractWrappedSolver):
     r"""A projection method: a diffrax solver on $\sum_i f_i$, then the projections at $t_1$.
 
-    The terms are a [`SplitTerm`][solvers.SplitTerm]. Each step integrates the sum of its
+    The terms are a [`SplitTerm`][itde_solvers.SplitTerm]. Each step integrates the sum of its
     vector-field sub-flows (the `SplitTerm`'s own `vf`) from $t_0$ to $t_1$ with one step
     of the wrapped solver, then applies the projection sub-flows in tuple order, each
     onto its constraint set at $t_1$:
@@ -90,7 +89,7 @@ class Projected(AbstractWrappedSolver):
 
     **Arguments:**
 
-    - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()` or `solvers.RK4()`.
+    - `solver`: the diffrax solver to wrap, e.g. `diffrax.Tsit5()` or `itde_solvers.RK4()`.
     - `reuse_fsal`: reuse a first-same-as-last evaluation made before the projection.
       Default False.
     """
@@ -186,7 +185,7 @@ def _flows(terms):
     inner = terms.term if isinstance(terms, WrapTerm) else terms
     if isinstance(inner, AdjointTerm):
         return None
-    return check_split(terms, "Projected")
+    return split_flows(terms, "Projected")
 
 
 __all__ = ["Projected"]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import diffrax
-from diffrax import AbstractSolver, AbstractTerm, LocalLinearInterpolation
+from diffrax import AbstractSolver, AbstractTerm
 
-from ._lie import _resolve_subsolvers, advance, combine_results
-from ._terms import check_split, is_projection
+from ._splitting import AbstractSplittingSolver
+from ._subflows import advance, combine_results, is_projection
 
 
 class _FrozenTime(AbstractTerm):
@@ -33,7 +33,7 @@ class _FrozenTime(AbstractTerm):
         return self.term.prod(vf, control)
 
 
-def split_blocks(flows) -> tuple[list[tuple[int, list[int]]], list[int]]:
+def _split_blocks(flows) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """Group sub-flows into blocks: a vector field and the projections that follow it.
 
     Returns `(blocks, leading)`: each block is `(vector_field_index, projection_indices)`,
@@ -49,10 +49,10 @@ def split_blocks(flows) -> tuple[list[tuple[int, list[int]]], list[int]]:
     return blocks, leading
 
 
-class Strang(AbstractSolver):
+class Strang(AbstractSplittingSolver):
     r"""Strang (symmetric) splitting of $y_t = \sum_i f_i(t, y)$, time-dependent fields included.
 
-    The sub-flows of a [`SplitTerm`][solvers.SplitTerm] are grouped into $M$ blocks: a
+    The sub-flows of a [`SplitTerm`][itde_solvers.SplitTerm] are grouped into $M$ blocks: a
     vector field $f_i$ followed by the projections that come after it in the tuple. One
     step of length $h$ from $t_0$ to $t_1$ applies blocks $1, \dots, M-1$ for $h/2$ in
     order, block $M$ (the last vector field) for $h$, then blocks $M-1, \dots, 1$ for
@@ -95,7 +95,7 @@ class Strang(AbstractSolver):
 
     - `solvers`: a diffrax solver used for every vector-field sub-flow, or a tuple with
       one solver per sub-flow (None for projections). Default: `diffrax.Heun()` (order 2,
-      the cheapest explicit choice that keeps order 2; use `solvers.RK4()` for a smaller
+      the cheapest explicit choice that keeps order 2; use `itde_solvers.RK4()` for a smaller
       error constant in the sub-flows).
     - `clock`: index, in the `SplitTerm`'s tuple, of the vector-field sub-flow that owns
       the clock. Default None: the last vector field.
@@ -104,18 +104,9 @@ class Strang(AbstractSolver):
     solvers: AbstractSolver | tuple[AbstractSolver | None, ...] = diffrax.Heun()
     clock: int | None = None
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar = LocalLinearInterpolation
-
-    def _plan(self, terms):
-        flows = check_split(terms, "Strang")
-        subs = _resolve_subsolvers(self.solvers, flows, "Strang")
-        blocks, leading = split_blocks(flows)
-        if not blocks:
-            raise ValueError(
-                "`Strang` needs at least one vector-field sub-flow in the SplitTerm, got "
-                f"only projections ({len(flows)} of them)."
-            )
+    def _plan(self, flows):
+        """The blocks, the leading projections and the clock owner, checked."""
+        blocks, leading = _split_blocks(flows)
         vector_fields = [i for i, _ in blocks]
         owner = vector_fields[-1] if self.clock is None else self.clock
         if owner not in vector_fields:
@@ -123,22 +114,18 @@ class Strang(AbstractSolver):
                 f"`Strang(clock={self.clock!r})` must be the index of a vector-field "
                 f"sub-flow of the SplitTerm, one of {vector_fields}."
             )
-        return flows, subs, blocks, leading, owner
+        return blocks, leading, owner
 
     def order(self, terms):
-        flows, subs, blocks, _, _ = self._plan(terms)
+        flows, subs = self.sub_flows(terms)
+        blocks, _, _ = self._plan(flows)
         orders = [subs[i].order(flows[i]) for i, _ in blocks]  # type: ignore[union-attr]
         if any(p is None for p in orders):
             return None
         return min(orders) if len(blocks) == 1 else min(2, *orders)
 
-    def init(self, terms, t0, t1, y0, args):
-        self._plan(terms)
-        return None
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        del solver_state, made_jump
-        flows, subs, blocks, leading, owner = self._plan(terms)
+    def compose(self, flows, subs, t0, t1, y0, args):
+        blocks, leading, owner = self._plan(flows)
         tm = t0 + 0.5 * (t1 - t0)
         schedule = [(b, 0.5) for b in blocks[:-1]]
         schedule += [(blocks[-1], 1.0)] + [(b, 0.5) for b in reversed(blocks[:-1])]
@@ -163,10 +150,7 @@ class Strang(AbstractSolver):
         for j in leading:
             y, result = advance(flows[j], None, s, s, y, args)
             results.append(result)
-        return y, None, dict(y0=y0, y1=y), None, combine_results(results)
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
+        return y, combine_results(results)
 
 
 __all__ = ["Strang"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from diffrax import AbstractTerm
-from diffrax._term import WrapTerm  # diffeqsolve wraps terms in it; not re-exported
 
 
 class ProjectionTerm(AbstractTerm):
@@ -46,7 +44,7 @@ class SplitTerm(AbstractTerm):
 
     Each entry is either a vector-field term (typically `diffrax.ODETerm`), advanced
     by the splitting solver's sub-solver for that entry, or a
-    [`ProjectionTerm`][solvers.ProjectionTerm], applied as a projection. The
+    [`ProjectionTerm`][itde_solvers.ProjectionTerm], applied as a projection. The
     combined vector field (`vf`) is the sum of the vector-field entries; it is what a
     non-splitting solver would integrate, and what `diffeqsolve` uses to pick an
     initial step.
@@ -68,7 +66,7 @@ class SplitTerm(AbstractTerm):
                 raise TypeError(
                     f"`SplitTerm(terms=...)`: entry {i} is {type(term).__name__}, not a "
                     "diffrax term; wrap a vector field in `diffrax.ODETerm` and a "
-                    "projection in `solvers.ProjectionTerm`."
+                    "projection in `itde_solvers.ProjectionTerm`."
                 )
 
     def vf(self, t, y, args):
@@ -85,47 +83,4 @@ class SplitTerm(AbstractTerm):
         return jtu.tree_map(lambda v: control * v, vf)
 
 
-def is_projection(term) -> bool:
-    """Whether a sub-flow is a projection (applied instantly, no sub-solver)."""
-    return isinstance(term, (ProjectionTerm, _DirectedProjection))
-
-
-class _DirectedProjection(eqx.Module):
-    """A projection seen through diffrax's time-direction wrapper (t -> direction * t)."""
-
-    term: ProjectionTerm
-    direction: Any
-
-    def project(self, t, y):
-        return self.term.project(t * self.direction, y)
-
-
-def check_split(terms: Any, solver_name: str) -> tuple[AbstractTerm, ...]:
-    """The sub-flows of a `SplitTerm`, as seen inside `diffeqsolve`.
-
-    `diffeqsolve` hands a solver its terms wrapped in `diffrax.WrapTerm` (which flips
-    time for backward solves); the wrap is pushed down onto each sub-flow so that
-    every sub-flow sees the user's time. Raises a trace-time error naming the fix when
-    the terms are not a `SplitTerm`.
-    """
-    direction = None
-    inner = terms
-    if isinstance(inner, WrapTerm):
-        direction, inner = inner.direction, inner.term
-    if not isinstance(inner, SplitTerm):
-        raise TypeError(
-            f"`{solver_name}` integrates a `solvers.SplitTerm` (an ordered tuple of "
-            f"sub-flows), got terms of type {type(inner).__name__}. Build the terms as "
-            "`SplitTerm((ODETerm(f1), ProjectionTerm(p), ODETerm(f2), ...))`."
-        )
-    if direction is None:
-        return inner.terms
-    return tuple(
-        _DirectedProjection(t, direction)
-        if isinstance(t, ProjectionTerm)
-        else WrapTerm(t, direction)
-        for t in inner.terms
-    )
-
-
-__all__ = ["ProjectionTerm", "SplitTerm", "check_split", "is_projection"]
+__all__ = ["ProjectionTerm", "SplitTerm"]

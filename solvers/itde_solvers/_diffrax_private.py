@@ -1,0 +1,22 @@
+r"""The two diffrax classes this package needs that diffrax does not re-export.
+
+- `WrapTerm`: `diffeqsolve` hands a solver every term wrapped in it (it flips time for a
+  backward solve, $t \mapsto$ `direction` $\cdot t$). The splitting solvers unwrap it to
+  reach the `SplitTerm` and push the wrap down onto each sub-flow.
+- `AdjointTerm`: `diffrax.BacksolveAdjoint` runs its backward (adjoint) solve over the
+  terms wrapped in it; `Projected` recognises that solve and runs it unprojected.
+
+Both live in `diffrax._term`, a private module, so they may move in any release. The
+pinned range is where this was verified by running the solver tests (diffrax 0.7.0 and
+0.7.2, on JAX 0.10). The sources of 0.6.0 and 0.6.2 define and use both the same way,
+but those releases do not run on JAX 0.10 (they call the removed `jax.core.get_aval`), so
+they were not tested and are not claimed.
+`tests/test_solvers_boundary.py` checks both assumptions against the installed diffrax and
+names the pin when they fail. Import them from here only.
+"""
+
+from diffrax._term import AdjointTerm, WrapTerm
+
+KNOWN_DIFFRAX = ">=0.7.0,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
+
+__all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm"]
