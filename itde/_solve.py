@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from itde_solvers import (
+    AbstractSplittingSolver,
     LieTrotter,
-    ParallelSplitting,
     Projected,
     SplitTerm,
-    Strang,
 )
 
 from ._abstract import AbstractEquation
@@ -116,7 +115,7 @@ def solve(
       cannot run a `StepTo` grid in reverse).
     - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
       (default for `LieTrotter`), `"split"` (default for `Strang` and
-      `ParallelSplitting`), `"tangent"` (default for any other solver, e.g.
+      `ParallelSplitting` and any other `AbstractSplittingSolver`), `"tangent"` (default for any other solver, e.g.
       `itde_solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`. For the continuum
       kinds (`"split"`, `"tangent"`) the solution starts from $P_{S_1(t_0)}(u_0)$: the
       equation lives on the constraint set, and the projection term moves the initial
@@ -175,7 +174,7 @@ def solve(
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
     solver = LieTrotter() if solver is None else solver
-    if not isinstance(solver, (LieTrotter, Strang, ParallelSplitting, Projected)):
+    if not isinstance(solver, (AbstractSplittingSolver, Projected)):
         raise TypeError(
             f"`solver`={type(solver).__name__} would integrate the equation without its "
             "projections onto S1; wrap it in a projection method, e.g. "
@@ -193,7 +192,7 @@ def solve(
     if terms is None:
         if isinstance(solver, LieTrotter):
             terms = "paper"
-        elif isinstance(solver, (Strang, ParallelSplitting)):
+        elif isinstance(solver, AbstractSplittingSolver):
             terms = "split"
         else:
             terms = "tangent"
