@@ -114,8 +114,9 @@ def solve(
       With `BacksolveAdjoint` fixed steps use `ConstantStepSize` (its backward solve
       cannot run a `StepTo` grid in reverse).
     - `terms`: the terms to integrate: a kind for `model.terms(kind)` — `"paper"`
-      (default for `LieTrotter`), `"split"` (default for `Strang` and
-      `ParallelSplitting` and any other `AbstractSplittingSolver`), `"tangent"` (default for any other solver, e.g.
+      (default for `LieTrotter`), `"split"` (default for `Strang`, `ParallelSplitting`
+      and any other `AbstractSplittingSolver`), `"tangent"` (default for any other
+      solver, e.g.
       `itde_solvers.Projected(diffrax.Tsit5())`) — or a `SplitTerm`. For the continuum
       kinds (`"split"`, `"tangent"`) the solution starts from $P_{S_1(t_0)}(u_0)$: the
       equation lives on the constraint set, and the projection term moves the initial
