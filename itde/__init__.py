@@ -14,7 +14,7 @@ from ._operators._feedforward import FeedForward
 from .function._block import FunctionBlock
 from ._quadrature._grid2d import TensorGrid2D
 from .interop._torch import from_torch, to_torch
-from .function._kernels import (
+from .function import (
     FourierBasis,
     FunctionAttention,
     FunctionBias,

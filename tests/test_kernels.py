@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import itde  # noqa: E402
-from itde.function._kernels import (  # noqa: E402
+from itde.function import (  # noqa: E402
     FourierBasis,
     FunctionAttention,
     FunctionBias,

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from .._controls import LegendreControls, PiecewiseConstant, stack
-from ._kernels import AbstractBasis, FunctionAttention, FunctionFeedForward
 from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import AbstractQuadrature
+from ._bases import AbstractBasis
+from ._operators import FunctionAttention, FunctionFeedForward
 
 
 class FunctionBlock(eqx.Module):

@@ -35,7 +35,7 @@ from .._controls import LegendreControls, PiecewiseConstant, stack
 from ._depth import study_order
 from .._equation import TransformerIDE
 from ..function._block import FunctionBlock
-from ..function._kernels import FourierBasis, FunctionField, LegendreBasis
+from ..function import FourierBasis, FunctionField, LegendreBasis
 from .._quadrature._rules import RULES, GaussLegendre, Grid
 from .._registry import SCHEMES
 from .._solve import solve
