@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import itde  # noqa: E402
+from itde._polynomials import legendre  # noqa: E402
 from itde.function import (  # noqa: E402
     FourierBasis,
     FunctionAttention,
@@ -54,6 +55,32 @@ def test_basis_values_and_derivative():
     f = FourierBasis(4, (0.0, 2.0))(jnp.array([0.5]))  # 1, cos(pi x), sin(pi x), cos(2 pi x)
     np.testing.assert_allclose(f[0], [np.sqrt(0.5), 0.0, 1.0, -1.0], atol=1e-15)
     assert LegendreBasis(3)(jnp.zeros(2, jnp.float32)).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_legendre_recurrence_matches_numpy_legval(n):
+    x = np.linspace(-1.0, 1.0, 13)
+    ref = np.stack([np.polynomial.legendre.legval(x, np.eye(n)[k]) for k in range(n)])
+    got = legendre(jnp.asarray(x), n)
+    assert got.shape == (n, 13) and got.dtype == jnp.float64
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-14)
+    # one shared recurrence: the depth controls and the basis both agree with numpy
+    assert LegendreBasis(n, (-1.0, 1.0))(jnp.asarray(x)).shape == (13, n)
+    norm = np.sqrt((2 * np.arange(n) + 1) / 2.0)
+    np.testing.assert_allclose(
+        LegendreBasis(n, (-1.0, 1.0))(jnp.asarray(x)), (ref * norm[:, None]).T, atol=1e-14
+    )
+
+
+def test_legendre_evaluates_half_precision_in_float32():
+    x = np.linspace(-1.0, 1.0, 9)
+    ref = np.polynomial.legendre.legval(x.astype(np.float16).astype(np.float64), np.eye(12)[11])
+    got = legendre(jnp.asarray(x, jnp.float16), 12)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got[11], ref, rtol=0, atol=1e-5)
+    assert legendre(jnp.arange(3), 2).dtype == jnp.zeros(()).dtype  # ints: default float
+    with pytest.raises(ValueError, match=r"`n`=0"):
+        legendre(x, 0)
 
 
 def test_bad_bases_raise():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._polynomials import legendre
 from .._quadrature._rules import _check_interval
 
 
@@ -71,14 +72,9 @@ class LegendreBasis(AbstractBasis):
     """
 
     def _reference(self, s):
-        t = 2.0 * s - 1.0
-        ps = [jnp.ones_like(t)]
-        if self.n_modes > 1:
-            ps.append(t)
-        for k in range(1, self.n_modes - 1):
-            ps.append(((2 * k + 1) * t * ps[k] - k * ps[k - 1]) / (k + 1))
+        p = jnp.moveaxis(legendre(2.0 * s - 1.0, self.n_modes), 0, -1)  # [n, modes]
         norm = np.sqrt((2 * np.arange(self.n_modes) + 1) / self.length)
-        return jnp.stack(ps, axis=-1) * jnp.asarray(norm, t.dtype)
+        return (p * jnp.asarray(norm, p.dtype)).astype(s.dtype)
 
 
 class FourierBasis(AbstractBasis):
