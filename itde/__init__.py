@@ -12,6 +12,7 @@ from ._controls import Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
 from ._operators._feedforward import FeedForward
 from .function._block import FunctionBlock
+from ._quadrature._domain import AbstractTokenDomain
 from ._quadrature._grid2d import TensorGrid2D
 from .interop._torch import from_torch, to_torch
 from .function import (
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "RULES",
     "AbstractQuadrature",
+    "AbstractTokenDomain",
     "Attention",
     "Block",
     "FeedForward",

@@ -9,7 +9,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, check_activation
-from .._quadrature._rules import AbstractQuadrature, Grid, check_weights
+from .._quadrature._domain import check_weights
+from .._quadrature._rules import AbstractQuadrature, Grid
 from ._bases import AbstractBasis, check_resolution
 from ._kernels import FunctionBias, FunctionKernel, _n, _rule_nodes
 
