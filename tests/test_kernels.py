@@ -6,8 +6,10 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import functools  # noqa: E402
+import sys  # noqa: E402
 import warnings  # noqa: E402
 
+import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -116,8 +118,9 @@ def test_kernel_bias_field_sampling_shapes_and_values():
 def test_under_resolved_grid_warns_naming_the_numbers():
     bi, bo = LegendreBasis(6, Y), LegendreBasis(3, H)
     k = FunctionKernel.init(jax.random.PRNGKey(0), bi, bo)
-    with pytest.warns(UserWarning, match=r"4 nodes .* 6 modes.*cannot resolve"):
+    with pytest.warns(UserWarning, match=r"4 nodes .* 6 modes.*cannot resolve") as rec:
         k.sample(jnp.linspace(0, 1, 4), jnp.linspace(-1, 1, 5))
+    assert [(w.filename, w.lineno) for w in rec] == [(__file__, _line() - 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         k.sample(jnp.linspace(0, 1, 6), jnp.linspace(-1, 1, 3))  # enough nodes: silent
@@ -129,8 +132,19 @@ def test_under_resolved_grid_warns_naming_the_numbers():
         head_rule=itde.GaussLegendre(interval=H),
         n_head_nodes=2,
     )
-    with pytest.warns(UserWarning, match=r"head domain.*2 nodes .* 3 modes"):
-        att.sample(itde.Grid(itde.Midpoint(), itde.GaussLegendre(interval=Y), 8))
+    grid = itde.Grid(itde.Midpoint(), itde.GaussLegendre(interval=Y), 8)
+    with pytest.warns(UserWarning, match=r"head domain.*2 nodes .* 3 modes") as rec:
+        att.sample(grid)
+    assert [(w.filename, w.lineno) for w in rec] == [(__file__, _line() - 1)]
+    # through the operator's call, under jit: still the user's line, not the library's
+    with pytest.warns(UserWarning, match=r"head domain") as rec:
+        eqx.filter_jit(lambda m, u: m(u, grid))(att, jnp.ones((3, 8)))
+    assert {(w.filename, w.lineno) for w in rec} == {(__file__, _line() - 1)}
+
+
+def _line() -> int:
+    """The line number of the caller (for checking where a warning points)."""
+    return sys._getframe(1).f_lineno
 
 
 def _attention(n_heads=2, n_head_nodes=6, dtype=None, scale=0.5):
@@ -309,8 +323,6 @@ def test_attention_tokens_gauss_legendre_and_periodic_trapezoid_are_geometric():
 
 
 def test_gradient_in_coefficients_matches_finite_differences_under_jit():
-    import equinox as eqx
-
     grid = itde.Grid(itde.Midpoint(interval=X), itde.GaussLegendre(interval=Y), 7)
     u = FunctionField.init(jax.random.PRNGKey(4), LegendreBasis(3, X), LegendreBasis(5, Y))
     u = u.sample_grid(grid, 6)

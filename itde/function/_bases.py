@@ -8,13 +8,29 @@ import os
 import sys
 import warnings
 
+import diffrax
 import equinox as eqx
+import itde_solvers
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from .._polynomials import legendre
 from .._quadrature._rules import _check_interval
+
+
+def _folder(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+#: The library code between a user's call and a warning raised while sampling: itde
+#: itself and the packages that call back into it (equinox's method wrappers, jax's
+#: tracing, diffrax's solve). A warning points at the first frame outside them.
+_LIBRARY_FOLDERS: tuple[str, ...] = (
+    _folder(os.path.dirname(os.path.abspath(__file__))),  # itde/
+    *(_folder(m.__file__) for m in (itde_solvers, eqx, jax, diffrax)),
+)
 
 
 class AbstractBasis(eqx.Module):
@@ -101,21 +117,22 @@ class FourierBasis(AbstractBasis):
 def check_resolution(basis: AbstractBasis, n_nodes: int, where: str) -> None:
     """Warn (`UserWarning`) when `n_nodes` nodes are too few to resolve the basis."""
     if n_nodes < basis.n_modes:
-        warnings.warn(
+        _warn(
             f"{where}: the grid has {n_nodes} nodes on {tuple(basis.interval)} but the "
             f"{type(basis).__name__} has {basis.n_modes} modes; the grid cannot resolve the "
-            f"modes (aliasing). Use at least {basis.n_modes} nodes.",
-            UserWarning,
-            stacklevel=_caller_level(),
+            f"modes (aliasing). Use at least {basis.n_modes} nodes."
         )
 
 
-def _caller_level() -> int:
-    """The `stacklevel` of the first frame outside this module and equinox's wrappers."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and (
-        frame.f_code.co_filename == __file__
-        or f"{os.sep}equinox{os.sep}" in frame.f_code.co_filename
-    ):
+def _warn(message: str) -> None:
+    """A `UserWarning` located at the user's call: the first frame outside
+    `_LIBRARY_FOLDERS`."""
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, UserWarning, skip_file_prefixes=_LIBRARY_FOLDERS)
+        return
+    # Python 3.11 lacks `skip_file_prefixes`: apply the same rule to find the stacklevel
+    # (remove this branch once the floor is 3.12).
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
         frame, level = frame.f_back, level + 1
-    return level
+    warnings.warn(message, UserWarning, stacklevel=level)
