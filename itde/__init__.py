@@ -6,6 +6,7 @@ quadrature, layer normalisation a projection onto a constraint set, and one Lie
 operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer block.
 """
 
+from ._operators._abstract import AbstractAttention, AbstractFeedForward
 from ._operators._attention import Attention
 from ._operators._blocked import blocked_attention, dense_attention, fused_attention
 from ._controls import Block, LegendreControls, PiecewiseConstant, stack
@@ -40,6 +41,8 @@ from ._solve import solve
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractAttention",
+    "AbstractFeedForward",
     "RULES",
     "AbstractQuadrature",
     "AbstractTokenDomain",

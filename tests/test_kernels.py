@@ -9,6 +9,7 @@ import functools  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 
+import chex  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -200,6 +201,34 @@ def test_sampled_operators_are_the_discrete_modules_without_weights():
     assert f.w1.shape == (9, 7) and f.w2.shape == (7, 9) and f.activation == "gelu"
     ref = f(u, feature_weights=grid.feature_weights(), hidden_weights=ffn.hidden_weights())
     np.testing.assert_allclose(ffn(u, grid), ref, atol=1e-14)
+
+
+def test_discretise_is_the_one_interface_of_discrete_and_function_operators():
+    """The equation calls `discretise(grid)` on any attention / feed-forward: a function
+    operator samples itself and hands over its inner weights, a discrete one is itself."""
+    grid = itde.Grid(itde.Trapezoid(interval=X), itde.Simpson(interval=Y), 9)
+    att, ffn = _attention(), _feedforward(7)
+    for op, base, inner in (
+        (att, itde.AbstractAttention, att.head_weights()),
+        (ffn, itde.AbstractFeedForward, ffn.hidden_weights()),
+    ):
+        assert isinstance(op, base)
+        discrete, weights = op.discretise(grid)
+        assert isinstance(discrete, base) and type(discrete) is not type(op)
+        chex.assert_trees_all_equal(discrete, op.sample(grid))
+        np.testing.assert_array_equal(weights, inner)
+        assert discrete.discretise(grid) == (discrete, None)
+        with pytest.raises(ValueError, match=r"`grid.n_features`=8 .* n_features=9"):
+            discrete.discretise(itde.Grid(itde.Midpoint(), itde.Midpoint(), 8))
+    # unit inner weights are reported as None (no multiplication by 1)
+    unit = FunctionFeedForward.init(
+        jax.random.PRNGKey(0),
+        feature_basis=LegendreBasis(3, Y),
+        hidden_basis=LegendreBasis(3, (0.0, 4.0)),
+        hidden_rule=itde.Midpoint(interval=(0.0, 4.0)),
+        n_hidden_nodes=4,
+    )
+    assert unit.discretise(grid)[1] is None
 
 
 def test_float32_sampling_and_application():

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._operators._abstract import AbstractAttention, AbstractFeedForward
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, check_activation
 from .._quadrature._domain import check_weights
@@ -19,12 +20,17 @@ def _sample_bias(b: FunctionBias | None, nodes):
     return None if b is None else b.sample(nodes, check=False)
 
 
+def _none_if_unit(weights: np.ndarray) -> np.ndarray | None:
+    """None when every weight is 1 (multiplying by them would be a no-op)."""
+    return None if np.all(weights == 1.0) else weights
+
+
 def _same(*bases: AbstractBasis) -> bool:
     return all(bases[0].same_as(b) for b in bases[1:])
 
 
 
-class FunctionAttention(eqx.Module):
+class FunctionAttention(AbstractAttention):
     r"""Multi-head attention with kernel functions on $\Omega_y$ and on a head domain
     $\Omega_h$: $W^{Q,K,V}_m(\xi, \eta)$ from $\Omega_y$ to $\Omega_h$,
     $W^O_m(\eta, y)$ from $\Omega_h$ to $\Omega_y$, and optional bias functions
@@ -154,6 +160,11 @@ class FunctionAttention(eqx.Module):
         y = _rule_nodes(grid.features, grid.n_features, self.wq.basis_in, "grid.features")
         return self.sample_nodes(y)
 
+    def discretise(self, grid: Grid) -> tuple[Attention, np.ndarray | None]:
+        """The sampled attention on `grid` ([`sample`][]) and its head weights (`None`
+        when all are 1)."""
+        return self.sample(grid), _none_if_unit(self.head_weights())
+
     def __call__(
         self, u: Float[Array, "tokens features"], grid: Grid, *, causal: bool = False
     ) -> Float[Array, "tokens features"]:
@@ -168,7 +179,7 @@ class FunctionAttention(eqx.Module):
         )
 
 
-class FunctionFeedForward(eqx.Module):
+class FunctionFeedForward(AbstractFeedForward):
     r"""$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\big(\int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi
     + b_1(z)\big)\,dz + b_2(y)$ with kernel functions, the hidden domain $\Omega_z$ carrying
     its own rule.
@@ -260,6 +271,11 @@ class FunctionFeedForward(eqx.Module):
     def sample(self, grid: Grid) -> FeedForward:
         y = _rule_nodes(grid.features, grid.n_features, self.w1.basis_in, "grid.features")
         return self.sample_nodes(y)
+
+    def discretise(self, grid: Grid) -> tuple[FeedForward, np.ndarray | None]:
+        """The sampled feed-forward on `grid` ([`sample`][]) and its hidden weights
+        (`None` when all are 1)."""
+        return self.sample(grid), _none_if_unit(self.hidden_weights())
 
     def __call__(self, u: Float[Array, "tokens features"], grid: Grid) -> Array:
         """Sample on `grid` and apply with its feature weights and the hidden weights."""
