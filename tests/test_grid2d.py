@@ -1,19 +1,16 @@
 """The tensor-product token grid integrates separable polynomials exactly up to the 1-D
 rules' degrees, and plugs into attention as a log-bias."""
 
+import math
+
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import EXACT_DEGREE, QUADRATURES
 
-jax.config.update("jax_enable_x64", True)
-
-import math  # noqa: E402
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from helpers import EXACT_DEGREE, QUADRATURES  # noqa: E402
-
-import itde  # noqa: E402
-from itde import TensorGrid2D  # noqa: E402
+import itde
+from itde import TensorGrid2D
 
 I1, I2 = (-0.3, 1.7), (0.5, 2.0)
 

@@ -1,23 +1,20 @@
 """Resolution-independent kernels: bases, sampling, the under-resolution warning, and
 convergence of the sampled operators to the integral operators at each rule's order."""
 
+import functools
+import sys
+import warnings
+
+import chex
+import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import functools  # noqa: E402
-import sys  # noqa: E402
-import warnings  # noqa: E402
-
-import chex  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import itde  # noqa: E402
-from itde._polynomials import legendre  # noqa: E402
-from itde.function import (  # noqa: E402
+import itde
+from itde._polynomials import legendre
+from itde.function import (
     FourierBasis,
     FunctionAttention,
     FunctionBias,
@@ -182,25 +179,46 @@ def test_sampled_operators_are_the_discrete_modules_without_weights():
     assert a.wo.shape == (2, 6, 9) and a.bq.shape == (2, 6) and a.bo.shape == (9,)
     y, _ = grid.features.nodes_weights(9)
     hx, hw = att.head_nodes_weights()
-    np.testing.assert_allclose(a.wq, att.wq.sample(y, hx), atol=0)  # values, no weights
+    # the kernel's values W(y_i, eta_j) = sum_ab c_ab phi_a(y_i) psi_b(eta_j), no weights
+    # (the bases from numpy: orthonormal Legendre on Y and on H)
+    phi, psi = _np_legendre(5, Y, y), _np_legendre(4, H, hx)
+    expected = np.einsum("ia,hab,jb->hij", phi, np.asarray(att.wq.coeffs), psi)
+    np.testing.assert_allclose(a.wq, expected, rtol=0, atol=1e-13)
     np.testing.assert_allclose(hw, itde.GaussLegendre(interval=H).nodes_weights(6)[1])
-    u = FunctionField.init(jax.random.PRNGKey(2), LegendreBasis(3, X), LegendreBasis(5, Y))
-    u = u.sample_grid(grid, 11)
-    w = grid.token_weights(11)
-    ref = a(
-        u,
-        feature_weights=grid.feature_weights(),
-        head_weights=hw,
-        token_log_weights=jnp.log(jnp.asarray(w)),
-    )
-    np.testing.assert_allclose(att(u, grid), ref, atol=1e-14)
-
     ffn = _feedforward(7)
     f = ffn.sample(grid)
     assert isinstance(f, itde.FeedForward)
     assert f.w1.shape == (9, 7) and f.w2.shape == (7, 9) and f.activation == "gelu"
-    ref = f(u, feature_weights=grid.feature_weights(), hidden_weights=ffn.hidden_weights())
-    np.testing.assert_allclose(ffn(u, grid), ref, atol=1e-14)
+    z, _ = ffn.hidden_nodes_weights()
+    expected = _np_legendre(5, Y, z) @ np.asarray(ffn.w2.coeffs) @ _np_legendre(6, Y, y).T
+    np.testing.assert_allclose(f.w2, expected, rtol=0, atol=1e-13)
+
+
+def _np_legendre(n, interval, x):
+    """Orthonormal Legendre polynomials on `interval` at `x`, `[len(x), n]`, from numpy."""
+    a, b = interval
+    t = 2 * (np.asarray(x) - a) / (b - a) - 1
+    cols = [np.polynomial.legendre.legval(t, np.eye(n)[k]) for k in range(n)]
+    return np.stack(cols, -1) * np.sqrt((2 * np.arange(n) + 1) / (b - a))
+
+
+class FunctionOperatorsApplyTheGridWeights(chex.TestCase):
+    """`op(u, grid)`, directly and under `jax.jit`, is the sampled discrete operator
+    applied with the grid's feature and token weights and the op's head / hidden weights."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_function_attention_and_feedforward(self):
+        grid = itde.Grid(itde.Trapezoid(interval=X), itde.Simpson(interval=Y), 9)
+        u = FunctionField.init(jax.random.PRNGKey(2), LegendreBasis(3, X), LegendreBasis(5, Y))
+        u = u.sample_grid(grid, 11)
+        fw, lw = grid.feature_weights(), jnp.log(jnp.asarray(grid.token_weights(11)))
+        att, ffn = _attention(), _feedforward(7)
+        ref = att.sample(grid)(
+            u, feature_weights=fw, head_weights=att.head_weights(), token_log_weights=lw
+        )
+        chex.assert_trees_all_close(self.variant(lambda v: att(v, grid))(u), ref, atol=1e-14)
+        ref = ffn.sample(grid)(u, feature_weights=fw, hidden_weights=ffn.hidden_weights())
+        chex.assert_trees_all_close(self.variant(lambda v: ffn(v, grid))(u), ref, atol=1e-14)
 
 
 def test_discretise_is_the_one_interface_of_discrete_and_function_operators():
