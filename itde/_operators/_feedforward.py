@@ -4,7 +4,6 @@ read as the projection onto $S_2 = \{u \ge 0\}$."""
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -15,7 +14,6 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from ._abstract import AbstractFeedForward
 from ._attention import _check_width, _weighted
 
-Activation = Literal["relu", "gelu", "gelu_tanh"]
 ACTIVATIONS: dict[str, object] = {
     "relu": jax.nn.relu,  # the projection onto S2 = {u >= 0}
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),

@@ -1,15 +1,13 @@
-r"""Resolution-independent kernels: functions in a Legendre or Fourier basis, sampled on
-any grid.
+r"""Resolution-independent kernel primitives: functions in a Legendre or Fourier basis,
+sampled on any grid.
 
 A discrete Transformer's weight matrix is one sample of a kernel function. Here the
 kernel is the function itself,
 $$W(\xi, y) = \sum_{a,b} c_{ab}\,\varphi_a(\xi)\,\psi_b(y),$$
-and [`FunctionAttention`][] / [`FunctionFeedForward`][] sample their kernels at the nodes
-of a grid to give the discrete [`Attention`][itde.Attention] /
-[`FeedForward`][itde.FeedForward], which apply the grid's quadrature weights. The sampled
-matrices are the kernel's *values* $W(\xi_i, y_j)$, never multiplied by weights (the
-discrete operators weight the state, `feature_weights`), so refining the grid converges
-to the integral operator at the order of the quadrature rule (paper §4).
+([`FunctionKernel`][]), with bias functions ([`FunctionBias`][]) and states
+([`FunctionField`][]) in the same bases. Sampling gives the kernel's *values*
+$W(\xi_i, y_j)$, never multiplied by quadrature weights: the discrete operators weight
+the state.
 
 A grid with fewer nodes than a basis has modes in some direction cannot resolve the
 kernel; sampling then warns (`UserWarning`) but proceeds.
@@ -40,9 +38,6 @@ def _coeffs(key, shape, decay, scale, dtype):
     for m in shape[-2:] if len(shape) >= 2 else shape[-1:]:
         damp = np.multiply.outer(damp, decay ** np.arange(m))
     return c * jnp.asarray(scale * damp, dtype)
-
-
-# ---------------------------------------------------------------------------- kernels
 
 
 class FunctionKernel(eqx.Module):

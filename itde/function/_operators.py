@@ -1,4 +1,10 @@
-r"""Attention and feed-forward with kernel functions, sampled on any grid."""
+r"""Attention and feed-forward with kernel functions, sampled on any grid.
+
+[`FunctionAttention`][] / [`FunctionFeedForward`][] sample their kernels at the nodes of a
+grid to give the discrete [`Attention`][itde.Attention] / [`FeedForward`][itde.FeedForward]
+(`discretise`), which apply the grid's quadrature weights; refining the grid converges to
+the integral operator at the order of the quadrature rule (paper §4).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +33,6 @@ def _none_if_unit(weights: np.ndarray) -> np.ndarray | None:
 
 def _same(*bases: AbstractBasis) -> bool:
     return all(bases[0].same_as(b) for b in bases[1:])
-
 
 
 class FunctionAttention(AbstractAttention):
