@@ -10,10 +10,12 @@ from ._abstract import AbstractEquation
 from ._config import ConfigError
 from ._controls import AbstractControls, Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
+from ._operators._abstract import AbstractAttention, AbstractFeedForward
 from ._operators._attention import Attention
 from ._operators._blocked import blocked_attention, dense_attention, fused_attention
 from ._operators._feedforward import FeedForward
 from ._operators._layernorm import LayerNormProjection
+from ._quadrature._domain import AbstractTokenDomain
 from ._quadrature._grid2d import TensorGrid2D
 from ._quadrature._rules import (
     RULES,
@@ -27,11 +29,11 @@ from ._quadrature._rules import (
 )
 from ._registry import ACTIVATIONS, ATTENTION_IMPLS, FFN_FORMS, SCHEMES, TERMS_KINDS, Scheme
 from ._solve import solve
-from .function._block import FunctionBlock
-from .function._kernels import (
+from .function import (
     FourierBasis,
     FunctionAttention,
     FunctionBias,
+    FunctionBlock,
     FunctionFeedForward,
     FunctionField,
     FunctionKernel,
@@ -51,8 +53,11 @@ __all__ = [
     "SCHEMES",
     "Scheme",
     "TERMS_KINDS",
+    "AbstractAttention",
+    "AbstractFeedForward",
     "RULES",
     "AbstractQuadrature",
+    "AbstractTokenDomain",
     "Attention",
     "Block",
     "FeedForward",

@@ -13,6 +13,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from ._operators._attention import Attention, check_heads
 from ._operators._feedforward import FeedForward
 from ._operators._layernorm import LayerNormProjection
+from ._polynomials import legendre
 
 
 class Block(eqx.Module):
@@ -208,14 +209,6 @@ class PiecewiseConstant(AbstractControls):
         return jax.tree.map(lambda a: a[n], self.values)
 
 
-def _legendre(s, n_modes: int):
-    """Legendre polynomials $P_0..P_{n-1}$ at $s \\in [-1, 1]$ (three-term recurrence)."""
-    p = [jnp.ones_like(s), s]
-    for k in range(1, n_modes - 1):
-        p.append(((2 * k + 1) * s * p[k] - k * p[k - 1]) / (k + 1))
-    return jnp.stack(p[:n_modes])
-
-
 class LegendreControls(AbstractControls):
     r"""Controls smooth in depth: every parameter is a Legendre series in $t$,
     $\theta(t) = \sum_{c<C} \theta_c\, P_c(2 (t - t_0)/(t_1 - t_0) - 1)$.
@@ -259,7 +252,7 @@ class LegendreControls(AbstractControls):
         t = jnp.asarray(t)
         wide = jnp.promote_types(t.dtype, jnp.float32)
         s = 2.0 * (t.astype(wide) - self.t0) / (self.t1 - self.t0) - 1.0
-        p = _legendre(s, self.n_modes)
+        p = legendre(s, self.n_modes)
 
         def series(c):
             w = jnp.promote_types(c.dtype, jnp.float32)
@@ -278,7 +271,7 @@ class LegendreControls(AbstractControls):
             raise ValueError(f"`n_modes`={n_modes} must be between 1 and the {L} layers.")
         t0, t1 = controls.t0, controls.t1
         mids = t0 + controls.layer_length * (jnp.arange(L) + 0.5)
-        V = _legendre(2.0 * (mids - t0) / (t1 - t0) - 1.0, n_modes).T  # [L, modes]
+        V = legendre(2.0 * (mids - t0) / (t1 - t0) - 1.0, n_modes).T  # [L, modes]
         pinv = jnp.linalg.pinv(V)
 
         def fit(a):

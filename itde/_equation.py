@@ -25,7 +25,6 @@ from ._operators._layernorm import LayerNormProjection, feature_mean
 from ._quadrature._rules import Grid
 from ._registry import ATTENTION_IMPLS, FFN_FORMS, TERMS_KINDS
 from ._solve import solve
-from .function._kernels import FunctionAttention, FunctionFeedForward
 
 
 def _batched(flow):
@@ -186,11 +185,7 @@ class TransformerIDE(AbstractEquation):
 
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t`."""
-        att = self.controls(t, "right").attention
-        head_weights = None
-        if isinstance(att, FunctionAttention):
-            head_weights = _unit_or(att.head_weights())
-            att = att.sample(self.grid)
+        att, head_weights = self.controls(t, "right").attention.discretise(self.grid)
         return att(
             u,
             feature_weights=self._feature_weights(),
@@ -203,11 +198,7 @@ class TransformerIDE(AbstractEquation):
 
     def feedforward_field(self, t, u, args=None):
         """The vector field $F(u)$ at depth `t` (or $\\tfrac12(F(u) - u)$, relaxation form)."""
-        ff = self.controls(t, "right").feedforward
-        hidden_weights = None
-        if isinstance(ff, FunctionFeedForward):
-            hidden_weights = _unit_or(ff.hidden_weights())
-            ff = ff.sample(self.grid)
+        ff, hidden_weights = self.controls(t, "right").feedforward.discretise(self.grid)
         f = ff(u, feature_weights=self._feature_weights(), hidden_weights=hidden_weights)
         if self.ffn_form == "relaxation":
             return 0.5 * (f - u)

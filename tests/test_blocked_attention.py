@@ -1,16 +1,16 @@
 """Blocked (online-softmax) attention equals the dense reference, values and gradients."""
 
+import functools
 import math
 
+import chex
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from itde._operators._blocked import blocked_attention, dense_attention, fused_attention  # noqa: E402
+from itde import blocked_attention, dense_attention, fused_attention
 
 
 def _inputs(n, dtype, heads=2, e=8, seed=0):
@@ -25,15 +25,23 @@ def _inputs(n, dtype, heads=2, e=8, seed=0):
 TOL = {jnp.float64: 1e-12, jnp.float32: 1e-5}
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n,block", [(1, 4), (37, 8), (64, 16), (100, 16)])
-def test_blocked_equals_dense(n, block, causal, dtype):
-    q, k, v, lw = _inputs(n, dtype)
-    ref = dense_attention(q, k, v, token_log_weights=lw, causal=causal)
-    got = blocked_attention(q, k, v, token_log_weights=lw, causal=causal, block_size=block)
-    assert got.shape == ref.shape and got.dtype == ref.dtype == q.dtype == dtype
-    np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[dtype])
+class BlockedEqualsDense(chex.TestCase):
+    """Blocked attention, called directly and under `jax.jit`, equals the dense reference."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(
+        dtype=[jnp.float64, jnp.float32],
+        causal=[False, True],
+        n_block=[(1, 4), (37, 8), (64, 16), (100, 16)],
+    )
+    def test_blocked_equals_dense(self, n_block, causal, dtype):
+        n, block = n_block
+        q, k, v, lw = _inputs(n, dtype)
+        ref = dense_attention(q, k, v, token_log_weights=lw, causal=causal)
+        blocked = functools.partial(blocked_attention, causal=causal, block_size=block)
+        got = self.variant(lambda q, k, v, lw: blocked(q, k, v, token_log_weights=lw))(q, k, v, lw)
+        assert got.shape == ref.shape and got.dtype == ref.dtype == q.dtype == dtype
+        chex.assert_trees_all_close(got, ref, rtol=0, atol=TOL[dtype])
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -43,14 +51,6 @@ def test_blocked_without_weights_and_block_larger_than_tokens(causal):
     for block in (5, 13, 512, None):
         got = blocked_attention(q, k, v, causal=causal, block_size=block)
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
-
-
-def test_blocked_jit_matches():
-    q, k, v, lw = _inputs(50, jnp.float64)
-    f = jax.jit(lambda *a: blocked_attention(*a[:3], token_log_weights=a[3], block_size=16))
-    np.testing.assert_allclose(
-        f(q, k, v, lw), dense_attention(q, k, v, token_log_weights=lw), rtol=0, atol=1e-12
-    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -66,9 +66,8 @@ def test_gradients_blocked_equal_dense(n, block, causal):
 
     g_ref = jax.grad(lambda *a: loss(dense_attention, *a), argnums=(0, 1, 2, 3))(q, k, v, lw)
     g_blk = jax.grad(lambda *a: loss(blocked_attention, *a), argnums=(0, 1, 2, 3))(q, k, v, lw)
-    for a, b in zip(g_blk, g_ref):
-        assert np.all(np.isfinite(a))
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+    chex.assert_tree_all_finite(g_blk)
+    chex.assert_trees_all_close(g_blk, g_ref, rtol=0, atol=1e-12)
 
 
 def test_forward_mode_derivative_blocked_equals_dense():

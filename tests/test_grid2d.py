@@ -1,19 +1,16 @@
 """The tensor-product token grid integrates separable polynomials exactly up to the 1-D
 rules' degrees, and plugs into attention as a log-bias."""
 
+import math
+
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import EXACT_DEGREE, QUADRATURES
 
-jax.config.update("jax_enable_x64", True)
-
-import math  # noqa: E402
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from helpers import EXACT_DEGREE, QUADRATURES  # noqa: E402
-
-import itde  # noqa: E402
-from itde._quadrature._grid2d import TensorGrid2D  # noqa: E402
+import itde
+from itde import TensorGrid2D
 
 I1, I2 = (-0.3, 1.7), (0.5, 2.0)
 
@@ -63,6 +60,39 @@ def test_raster_order_and_log_weights():
         TensorGrid2D("midpoint", itde.Midpoint(), 2, 2)
 
 
+UNIFORM = [
+    lambda: itde.Midpoint(),
+    lambda: itde.Midpoint(interval=(0.0, 3.0)),
+    lambda: itde.PeriodicTrapezoid(interval=(0.0, 1.0)),
+    lambda: TensorGrid2D(itde.Midpoint(), itde.Midpoint(interval=(0.0, 2.0)), 2, 3),
+]
+NON_UNIFORM = [
+    lambda: itde.Trapezoid(interval=(0.0, 1.0)),
+    lambda: itde.GaussLegendre(interval=(0.0, 1.0)),
+    lambda: TensorGrid2D(itde.Midpoint(), itde.Trapezoid(interval=(0.0, 1.0)), 2, 3),
+]
+
+
+@pytest.mark.parametrize("make", UNIFORM + NON_UNIFORM)
+def test_token_domains_share_one_log_weight_convention(make):
+    """Every token domain (1-D rule or 2-D grid) is an `AbstractTokenDomain`: `None` for
+    uniform weights, `log w` otherwise; attention gives the same either way."""
+    dom = make()
+    assert isinstance(dom, itde.AbstractTokenDomain)
+    grid = itde.Grid(dom, itde.Midpoint(), 4)
+    w = grid.token_weights(6)
+    lw = grid.token_log_weights(6, jnp.float64)
+    assert (lw is None) == bool(np.all(w == w[0])) == (make in UNIFORM)
+    explicit = jnp.log(jnp.asarray(w))
+    if lw is not None:
+        np.testing.assert_allclose(lw, explicit, rtol=0, atol=0)
+    att = itde.Attention.init(jax.random.PRNGKey(0), 4, 2, dtype=jnp.float64)
+    u = jax.random.normal(jax.random.PRNGKey(1), (6, 4), jnp.float64)
+    np.testing.assert_allclose(
+        att(u, token_log_weights=lw), att(u, token_log_weights=explicit), rtol=1e-13, atol=1e-14
+    )
+
+
 def test_attention_over_2d_patches_converges_geometrically_with_gauss_legendre():
     """The 2-D attention integral at a fixed query, with a smooth analytic key/value."""
     att = itde.Attention.init(jax.random.PRNGKey(0), 4, 1, dtype=jnp.float64)
@@ -75,7 +105,8 @@ def test_attention_over_2d_patches_converges_geometrically_with_gauss_legendre()
         u = jnp.stack(
             [jnp.sin(2 * x[:, 0]), jnp.cos(x[:, 1]), x[:, 0] * x[:, 1], jnp.exp(-x[:, 0])], axis=-1
         )
-        lw = jnp.concatenate([g.token_log_weights(), jnp.array([-math.inf])])
+        # explicit log-weights (token_log_weights is None for n=2: GL's 2 weights are equal)
+        lw = jnp.concatenate([jnp.log(g.token_weights()), jnp.array([-math.inf])])
         return att(u, token_log_weights=lw)[-1]
 
     ref = at(24)

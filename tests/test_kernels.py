@@ -1,19 +1,20 @@
 """Resolution-independent kernels: bases, sampling, the under-resolution warning, and
 convergence of the sampled operators to the integral operators at each rule's order."""
 
+import functools
+import sys
+import warnings
+
+import chex
+import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import functools  # noqa: E402
-import warnings  # noqa: E402
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import itde  # noqa: E402
-from itde.function._kernels import (  # noqa: E402
+import itde
+from itde._polynomials import legendre
+from itde.function import (
     FourierBasis,
     FunctionAttention,
     FunctionBias,
@@ -56,6 +57,32 @@ def test_basis_values_and_derivative():
     assert LegendreBasis(3)(jnp.zeros(2, jnp.float32)).dtype == jnp.float32
 
 
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_legendre_recurrence_matches_numpy_legval(n):
+    x = np.linspace(-1.0, 1.0, 13)
+    ref = np.stack([np.polynomial.legendre.legval(x, np.eye(n)[k]) for k in range(n)])
+    got = legendre(jnp.asarray(x), n)
+    assert got.shape == (n, 13) and got.dtype == jnp.float64
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-14)
+    # one shared recurrence: the depth controls and the basis both agree with numpy
+    assert LegendreBasis(n, (-1.0, 1.0))(jnp.asarray(x)).shape == (13, n)
+    norm = np.sqrt((2 * np.arange(n) + 1) / 2.0)
+    np.testing.assert_allclose(
+        LegendreBasis(n, (-1.0, 1.0))(jnp.asarray(x)), (ref * norm[:, None]).T, atol=1e-14
+    )
+
+
+def test_legendre_evaluates_half_precision_in_float32():
+    x = np.linspace(-1.0, 1.0, 9)
+    ref = np.polynomial.legendre.legval(x.astype(np.float16).astype(np.float64), np.eye(12)[11])
+    got = legendre(jnp.asarray(x, jnp.float16), 12)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got[11], ref, rtol=0, atol=1e-5)
+    assert legendre(jnp.arange(3), 2).dtype == jnp.zeros(()).dtype  # ints: default float
+    with pytest.raises(ValueError, match=r"`n`=0"):
+        legendre(x, 0)
+
+
 def test_bad_bases_raise():
     with pytest.raises(ValueError, match="n_modes"):
         LegendreBasis(0)
@@ -89,8 +116,9 @@ def test_kernel_bias_field_sampling_shapes_and_values():
 def test_under_resolved_grid_warns_naming_the_numbers():
     bi, bo = LegendreBasis(6, Y), LegendreBasis(3, H)
     k = FunctionKernel.init(jax.random.PRNGKey(0), bi, bo)
-    with pytest.warns(UserWarning, match=r"4 nodes .* 6 modes.*cannot resolve"):
+    with pytest.warns(UserWarning, match=r"4 nodes .* 6 modes.*cannot resolve") as rec:
         k.sample(jnp.linspace(0, 1, 4), jnp.linspace(-1, 1, 5))
+    assert [(w.filename, w.lineno) for w in rec] == [(__file__, _line() - 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         k.sample(jnp.linspace(0, 1, 6), jnp.linspace(-1, 1, 3))  # enough nodes: silent
@@ -102,8 +130,19 @@ def test_under_resolved_grid_warns_naming_the_numbers():
         head_rule=itde.GaussLegendre(interval=H),
         n_head_nodes=2,
     )
-    with pytest.warns(UserWarning, match=r"head domain.*2 nodes .* 3 modes"):
-        att.sample(itde.Grid(itde.Midpoint(), itde.GaussLegendre(interval=Y), 8))
+    grid = itde.Grid(itde.Midpoint(), itde.GaussLegendre(interval=Y), 8)
+    with pytest.warns(UserWarning, match=r"head domain.*2 nodes .* 3 modes") as rec:
+        att.sample(grid)
+    assert [(w.filename, w.lineno) for w in rec] == [(__file__, _line() - 1)]
+    # through the operator's call, under jit: still the user's line, not the library's
+    with pytest.warns(UserWarning, match=r"head domain") as rec:
+        eqx.filter_jit(lambda m, u: m(u, grid))(att, jnp.ones((3, 8)))
+    assert {(w.filename, w.lineno) for w in rec} == {(__file__, _line() - 1)}
+
+
+def _line() -> int:
+    """The line number of the caller (for checking where a warning points)."""
+    return sys._getframe(1).f_lineno
 
 
 def _attention(n_heads=2, n_head_nodes=6, dtype=None, scale=0.5):
@@ -140,25 +179,74 @@ def test_sampled_operators_are_the_discrete_modules_without_weights():
     assert a.wo.shape == (2, 6, 9) and a.bq.shape == (2, 6) and a.bo.shape == (9,)
     y, _ = grid.features.nodes_weights(9)
     hx, hw = att.head_nodes_weights()
-    np.testing.assert_allclose(a.wq, att.wq.sample(y, hx), atol=0)  # values, no weights
+    # the kernel's values W(y_i, eta_j) = sum_ab c_ab phi_a(y_i) psi_b(eta_j), no weights
+    # (the bases from numpy: orthonormal Legendre on Y and on H)
+    phi, psi = _np_legendre(5, Y, y), _np_legendre(4, H, hx)
+    expected = np.einsum("ia,hab,jb->hij", phi, np.asarray(att.wq.coeffs), psi)
+    np.testing.assert_allclose(a.wq, expected, rtol=0, atol=1e-13)
     np.testing.assert_allclose(hw, itde.GaussLegendre(interval=H).nodes_weights(6)[1])
-    u = FunctionField.init(jax.random.PRNGKey(2), LegendreBasis(3, X), LegendreBasis(5, Y))
-    u = u.sample_grid(grid, 11)
-    w = grid.token_weights(11)
-    ref = a(
-        u,
-        feature_weights=grid.feature_weights(),
-        head_weights=hw,
-        token_log_weights=jnp.log(jnp.asarray(w)),
-    )
-    np.testing.assert_allclose(att(u, grid), ref, atol=1e-14)
-
     ffn = _feedforward(7)
     f = ffn.sample(grid)
     assert isinstance(f, itde.FeedForward)
     assert f.w1.shape == (9, 7) and f.w2.shape == (7, 9) and f.activation == "gelu"
-    ref = f(u, feature_weights=grid.feature_weights(), hidden_weights=ffn.hidden_weights())
-    np.testing.assert_allclose(ffn(u, grid), ref, atol=1e-14)
+    z, _ = ffn.hidden_nodes_weights()
+    expected = _np_legendre(5, Y, z) @ np.asarray(ffn.w2.coeffs) @ _np_legendre(6, Y, y).T
+    np.testing.assert_allclose(f.w2, expected, rtol=0, atol=1e-13)
+
+
+def _np_legendre(n, interval, x):
+    """Orthonormal Legendre polynomials on `interval` at `x`, `[len(x), n]`, from numpy."""
+    a, b = interval
+    t = 2 * (np.asarray(x) - a) / (b - a) - 1
+    cols = [np.polynomial.legendre.legval(t, np.eye(n)[k]) for k in range(n)]
+    return np.stack(cols, -1) * np.sqrt((2 * np.arange(n) + 1) / (b - a))
+
+
+class FunctionOperatorsApplyTheGridWeights(chex.TestCase):
+    """`op(u, grid)`, directly and under `jax.jit`, is the sampled discrete operator
+    applied with the grid's feature and token weights and the op's head / hidden weights."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_function_attention_and_feedforward(self):
+        grid = itde.Grid(itde.Trapezoid(interval=X), itde.Simpson(interval=Y), 9)
+        u = FunctionField.init(jax.random.PRNGKey(2), LegendreBasis(3, X), LegendreBasis(5, Y))
+        u = u.sample_grid(grid, 11)
+        fw, lw = grid.feature_weights(), jnp.log(jnp.asarray(grid.token_weights(11)))
+        att, ffn = _attention(), _feedforward(7)
+        ref = att.sample(grid)(
+            u, feature_weights=fw, head_weights=att.head_weights(), token_log_weights=lw
+        )
+        chex.assert_trees_all_close(self.variant(lambda v: att(v, grid))(u), ref, atol=1e-14)
+        ref = ffn.sample(grid)(u, feature_weights=fw, hidden_weights=ffn.hidden_weights())
+        chex.assert_trees_all_close(self.variant(lambda v: ffn(v, grid))(u), ref, atol=1e-14)
+
+
+def test_discretise_is_the_one_interface_of_discrete_and_function_operators():
+    """The equation calls `discretise(grid)` on any attention / feed-forward: a function
+    operator samples itself and hands over its inner weights, a discrete one is itself."""
+    grid = itde.Grid(itde.Trapezoid(interval=X), itde.Simpson(interval=Y), 9)
+    att, ffn = _attention(), _feedforward(7)
+    for op, base, inner in (
+        (att, itde.AbstractAttention, att.head_weights()),
+        (ffn, itde.AbstractFeedForward, ffn.hidden_weights()),
+    ):
+        assert isinstance(op, base)
+        discrete, weights = op.discretise(grid)
+        assert isinstance(discrete, base) and type(discrete) is not type(op)
+        chex.assert_trees_all_equal(discrete, op.sample(grid))
+        np.testing.assert_array_equal(weights, inner)
+        assert discrete.discretise(grid) == (discrete, None)
+        with pytest.raises(ValueError, match=r"`grid.n_features`=8 .* n_features=9"):
+            discrete.discretise(itde.Grid(itde.Midpoint(), itde.Midpoint(), 8))
+    # unit inner weights are reported as None (no multiplication by 1)
+    unit = FunctionFeedForward.init(
+        jax.random.PRNGKey(0),
+        feature_basis=LegendreBasis(3, Y),
+        hidden_basis=LegendreBasis(3, (0.0, 4.0)),
+        hidden_rule=itde.Midpoint(interval=(0.0, 4.0)),
+        n_hidden_nodes=4,
+    )
+    assert unit.discretise(grid)[1] is None
 
 
 def test_float32_sampling_and_application():
@@ -282,8 +370,6 @@ def test_attention_tokens_gauss_legendre_and_periodic_trapezoid_are_geometric():
 
 
 def test_gradient_in_coefficients_matches_finite_differences_under_jit():
-    import equinox as eqx
-
     grid = itde.Grid(itde.Midpoint(interval=X), itde.GaussLegendre(interval=Y), 7)
     u = FunctionField.init(jax.random.PRNGKey(4), LegendreBasis(3, X), LegendreBasis(5, Y))
     u = u.sample_grid(grid, 6)

@@ -92,6 +92,7 @@ def test_unit_midpoint_is_the_standard_transformer():
         (lambda: itde.GaussLegendre().nodes_weights(0), "n=0"),
         (lambda: itde.Grid(itde.Midpoint(), itde.Simpson(), 8), "odd number of nodes.*n=8"),
         (lambda: itde.Grid(itde.Midpoint(), "midpoint", 8), "features"),
+        (lambda: itde.Grid("midpoint", itde.Midpoint(), 8), r"tokens.*token domain"),
     ],
 )
 def test_bad_rules_are_rejected_with_the_value(make, match):
@@ -101,12 +102,28 @@ def test_bad_rules_are_rejected_with_the_value(make, match):
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_non_positive_or_nan_weights_rejected(bad):
-    from itde._quadrature._rules import check_weights
+    from itde._quadrature._domain import check_weights
 
     w = np.ones(5)
     w[2] = bad
     with pytest.raises(ValueError, match=r"entry 2 is"):
         check_weights("token weights", w)
+
+
+def test_rules_do_not_import_the_2d_grid():
+    """The 1-D rules and `Grid` know token domains only through `AbstractTokenDomain`: no
+    import of the 2-D grid anywhere in `_rules.py` (not even inside a function)."""
+    import ast
+    import pathlib
+
+    import itde._quadrature._rules as rules
+
+    tree = ast.parse(pathlib.Path(rules.__file__).read_text())
+    imported = {
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert "_domain" in imported and not any("grid2d" in m for m in imported), imported
+    assert itde.Grid.__annotations__["tokens"] in ("AbstractTokenDomain", itde.AbstractTokenDomain)
 
 
 def test_grid_weights_cast_with_state_dtype():

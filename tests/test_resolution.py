@@ -71,7 +71,7 @@ def test_discrete_models_cannot_change_grid():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_blocked_model_equals_dense_model(causal):
-    torch = pytest.importorskip("torch")
+    import torch
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(
         16, 4, 24, dropout=0.0, batch_first=True, dtype=torch.float64
@@ -147,6 +147,17 @@ def _study(axis, rules, nodes, reference_nodes):
     return run_grid_study(dataclasses.replace(cfg, study=study), axis, progress=False)
 
 
+def test_token_axis_midpoint_order():
+    """The default-run representative of the resolution studies: a few coarse grids."""
+    res = _study("tokens", ("midpoint",), (8, 16, 32), 40)
+    (row,) = res["results"]
+    assert row["scheme"] == "midpoint" and row["n"] == [8, 16, 32]
+    assert row["observed_order"] == pytest.approx(2, abs=0.25), row["errors"]
+    json.dumps(res)  # JSON-ready, "n" in place of "dt"
+    assert "dt" not in row
+
+
+@pytest.mark.slow
 def test_token_axis_orders():
     res = _study("tokens", ("midpoint", "simpson", "gauss-legendre"), (16, 32, 64, 128), 160)
     rows = {r["scheme"]: r for r in res["results"]}
@@ -158,6 +169,7 @@ def test_token_axis_orders():
     assert "n" in gl and "dt" not in gl
 
 
+@pytest.mark.slow
 def test_feature_axis_orders_and_periodic_row():
     res = _study("features", ("trapezoid", "periodic-trapezoid"), (16, 32, 64), 96)
     rows = {r["scheme"]: r for r in res["results"]}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from ._abstract import AbstractAttention
 from ._blocked import blocked_attention, dense_attention, fused_attention
 from ._precision import contract
 
@@ -32,7 +32,7 @@ def _add_bias(x, b):
     return x if b is None else x + b.astype(x.dtype)[:, None, :]
 
 
-class Attention(eqx.Module):
+class Attention(AbstractAttention):
     r"""Multi-head self-attention $A(u)$, the nonlocal integral operator of the paper's §2.
 
     For head $m$, query, key and value are integral transforms over the feature domain,
@@ -73,6 +73,11 @@ class Attention(eqx.Module):
                 )
         if self.wo.shape != (h, dh, d):
             raise ValueError(f"`Attention.wo` has shape {self.wo.shape}, expected {(h, dh, d)}.")
+
+    def discretise(self, grid) -> tuple[Attention, None]:
+        """Already discrete: `(self, None)` (unit head weights), on a grid of its width."""
+        _check_width("Attention", self.n_features, grid)
+        return self, None
 
     @property
     def n_heads(self) -> int:
@@ -153,6 +158,14 @@ class Attention(eqx.Module):
         if self.bo is not None:
             out = out + self.bo.astype(dtype)
         return out
+
+
+def _check_width(name: str, n_features: int, grid) -> None:
+    if grid.n_features != n_features:
+        raise ValueError(
+            f"`grid.n_features`={grid.n_features} does not match the discrete {name}'s "
+            f"{n_features} feature nodes; use a grid with n_features={n_features}."
+        )
 
 
 def check_heads(n_features, n_heads) -> tuple[int, int]:

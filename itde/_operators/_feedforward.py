@@ -4,7 +4,6 @@ read as the projection onto $S_2 = \{u \ge 0\}$."""
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -12,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._attention import _weighted
+from ._abstract import AbstractFeedForward
+from ._attention import _check_width, _weighted
 from ._precision import contract
 
-Activation = Literal["relu", "gelu", "gelu_tanh"]
 ACTIVATIONS: dict[str, object] = {
     "relu": jax.nn.relu,  # the projection onto S2 = {u >= 0}
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -31,7 +30,7 @@ def check_activation(activation: str) -> str:
     return activation
 
 
-class FeedForward(eqx.Module):
+class FeedForward(AbstractFeedForward):
     r"""$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\Big(\int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi
     + b_1(z)\Big)\,dz + b_2(y)$.
 
@@ -55,6 +54,11 @@ class FeedForward(eqx.Module):
                 f"`FeedForward.w2` has shape {self.w2.shape}, expected {(dff, d)} to match "
                 f"`w1` of shape {self.w1.shape}."
             )
+
+    def discretise(self, grid) -> tuple[FeedForward, None]:
+        """Already discrete: `(self, None)` (unit hidden weights), on a grid of its width."""
+        _check_width("FeedForward", self.w1.shape[-2], grid)
+        return self, None
 
     @classmethod
     def init(

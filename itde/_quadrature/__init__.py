@@ -1,5 +1,6 @@
 """Token and feature domains discretised by quadrature rules."""
 
+from ._domain import AbstractTokenDomain
 from ._grid2d import TensorGrid2D
 from ._rules import (
     RULES,
@@ -15,6 +16,7 @@ from ._rules import (
 __all__ = [
     "RULES",
     "AbstractQuadrature",
+    "AbstractTokenDomain",
     "GaussLegendre",
     "Grid",
     "Midpoint",

@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._rules import AbstractQuadrature, check_weights
+from ._domain import AbstractTokenDomain
+from ._rules import AbstractQuadrature
 
 
-class TensorGrid2D(eqx.Module):
+class TensorGrid2D(AbstractTokenDomain):
     r"""The tensor product of two 1-D rules on a rectangle of $n_1 \times n_2$ tokens.
 
     Exact for $x_1^i x_2^j$ whenever each 1-D rule is exact for its power (degree
@@ -69,14 +70,6 @@ class TensorGrid2D(eqx.Module):
 
     def nodes(self) -> np.ndarray:
         return self.nodes_weights()[0]
-
-    def token_weights(self, n_tokens: int | None = None) -> np.ndarray:
-        """The product weights $w_p$, checked finite and positive."""
-        return check_weights("token weights", self.nodes_weights(n_tokens)[1])
-
-    def token_log_weights(self, n_tokens: int | None = None, dtype=None) -> Float[Array, " t"]:
-        r"""$\log w_p$, the attention log-bias, as a JAX array."""
-        return jnp.asarray(np.log(self.token_weights(n_tokens)), dtype=dtype)
 
     def area(self) -> float:
         """$|\\Omega_x| = (b_1 - a_1)(b_2 - a_2)$."""

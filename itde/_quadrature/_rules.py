@@ -13,6 +13,9 @@ from typing import ClassVar
 
 import equinox as eqx
 import numpy as np
+from jaxtyping import Array, Float
+
+from ._domain import AbstractTokenDomain, check_weights
 
 
 def _check_interval(name: str, interval) -> tuple[float, float] | None:
@@ -32,11 +35,12 @@ def _check_interval(name: str, interval) -> tuple[float, float] | None:
     return (a, b)
 
 
-class AbstractQuadrature(eqx.Module):
+class AbstractQuadrature(AbstractTokenDomain):
     r"""A quadrature rule on an interval $[a, b]$, for any number of nodes.
 
-    `interval=None` means the unit-spacing interval $[0, N]$ for $N$ nodes, the grid on
-    which the discrete Transformer lives (every weight is 1 for the midpoint rule).
+    As a token domain it takes the number of tokens from the state. `interval=None`
+    means the unit-spacing interval $[0, N]$ for $N$ nodes, the grid on which the
+    discrete Transformer lives (every weight is 1 for the midpoint rule).
     """
 
     interval: tuple[float, float] | None = eqx.field(default=None, static=True)
@@ -178,51 +182,33 @@ RULES: dict[str, type[AbstractQuadrature]] = {
 }
 
 
-def check_weights(name: str, weights: np.ndarray) -> np.ndarray:
-    """Reject non-finite or non-positive quadrature weights, naming the argument."""
-    w = np.asarray(weights, dtype=np.float64)
-    bad = ~np.isfinite(w) | (w <= 0)
-    if np.any(bad):
-        i = int(np.argmax(bad))
-        raise ValueError(
-            f"`{name}` must hold finite positive quadrature weights; entry {i} is {w[i]!r}. "
-            "Use a rule with positive weights (midpoint, trapezoid, Simpson, "
-            "Gauss-Legendre, periodic trapezoid)."
-        )
-    return w
-
-
 class Grid(eqx.Module):
     r"""A token × feature grid: nodes and weights on $\Omega_x$ and on $\Omega_y$.
 
     **Arguments:**
 
-    - `tokens`: the rule on the token domain $\Omega_x$ (its number of nodes is taken
-      from the state at call time), or a `TensorGrid2D` for a 2-D token domain (image
-      patches), whose node count is fixed.
+    - `tokens`: the token domain $\Omega_x$: a 1-D rule (its number of nodes is taken
+      from the state at call time), or a [`TensorGrid2D`][itde.TensorGrid2D] for a 2-D
+      token domain (image patches), whose node count is fixed.
     - `features`: the rule on the feature domain $\Omega_y$.
     - `n_features`: the number of feature nodes $N_y$ (the model width).
     """
 
-    tokens: AbstractQuadrature
+    tokens: AbstractTokenDomain
     features: AbstractQuadrature
     n_features: int = eqx.field(static=True)
 
     def __check_init__(self):
-        from ._grid2d import TensorGrid2D
-
-        if not isinstance(self.tokens, (AbstractQuadrature, TensorGrid2D)):
+        if not isinstance(self.tokens, AbstractTokenDomain):
             raise TypeError(
-                "`Grid(tokens=...)` must be a quadrature rule such as `Midpoint()` or a "
-                f"2-D `TensorGrid2D`, got {self.tokens!r}."
+                "`Grid(tokens=...)` must be a token domain: a quadrature rule such as "
+                f"`Midpoint()` or a 2-D `TensorGrid2D`, got {self.tokens!r}."
             )
-        for name in ("features",):
-            rule = getattr(self, name)
-            if not isinstance(rule, AbstractQuadrature):
-                raise TypeError(
-                    f"`Grid({name}=...)` must be a quadrature rule such as `Midpoint()`, "
-                    f"got {rule!r}."
-                )
+        if not isinstance(self.features, AbstractQuadrature):
+            raise TypeError(
+                "`Grid(features=...)` must be a quadrature rule such as `Midpoint()`, "
+                f"got {self.features!r}."
+            )
         self.features.nodes_weights(self.n_features)  # validates n for the rule
 
     @classmethod
@@ -234,17 +220,10 @@ class Grid(eqx.Module):
         return check_weights("feature weights", self.features.nodes_weights(self.n_features)[1])
 
     def token_weights(self, n_tokens: int) -> np.ndarray:
-        return check_weights("token weights", self.tokens.nodes_weights(n_tokens)[1])
+        """The token weights $w_p$ (see [`AbstractTokenDomain`][])."""
+        return self.tokens.token_weights(n_tokens)
 
-    def token_log_weights(self, n_tokens: int, dtype):
-        """$\\log w_p$ for the attention log-bias, or None for uniform weights (a constant
-        log-bias cancels in the softmax)."""
-        w = self.token_weights(n_tokens)
-        if np.all(w == w[0]):
-            return None
-        import jax.numpy as jnp
-
-        return jnp.asarray(np.log(w), dtype=dtype)
-
-    def feature_length(self) -> float:
-        return self.features.length(self.n_features)
+    def token_log_weights(self, n_tokens: int, dtype=None) -> Float[Array, " tokens"] | None:
+        """$\\log w_p$ for the attention log-bias, or `None` for uniform weights (the
+        token domain's convention: a constant log-bias cancels in the softmax)."""
+        return self.tokens.token_log_weights(n_tokens, dtype)

@@ -22,8 +22,8 @@ def _load_config(path):
 
 
 def cmd_train(args) -> int:
-    from ..train._loop import train
     from ..train._config import TrainExperiment
+    from ..train._loop import train
 
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is None:
@@ -40,9 +40,9 @@ def cmd_train(args) -> int:
 
 
 def _restore(directory):
-    from ..train._loop import Run
     from ..train._checkpoint import read_meta
     from ..train._config import TrainExperiment, from_dict
+    from ..train._loop import Run
 
     meta = read_meta(directory)
     cfg = from_dict(TrainExperiment, meta["config"], f"{directory}/checkpoint.json")

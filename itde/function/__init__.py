@@ -4,17 +4,10 @@ A [`FunctionBlock`][] holds kernels over the token and feature domains; `on_grid
 discretises it at any resolution with any quadrature.
 """
 
+from ._bases import AbstractBasis, FourierBasis, LegendreBasis
 from ._block import FunctionBlock
-from ._kernels import (
-    AbstractBasis,
-    FourierBasis,
-    FunctionAttention,
-    FunctionBias,
-    FunctionFeedForward,
-    FunctionField,
-    FunctionKernel,
-    LegendreBasis,
-)
+from ._kernels import FunctionBias, FunctionField, FunctionKernel
+from ._operators import FunctionAttention, FunctionFeedForward
 
 __all__ = [
     "AbstractBasis",

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from .._controls import LegendreControls, PiecewiseConstant, stack
-from ._kernels import AbstractBasis, FunctionAttention, FunctionFeedForward
 from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import AbstractQuadrature
+from ._bases import AbstractBasis
+from ._operators import FunctionAttention, FunctionFeedForward
 
 
 class FunctionBlock(eqx.Module):
@@ -78,10 +78,6 @@ class FunctionBlock(eqx.Module):
         return cls(att, norm, ff, norm)
 
 
-def _unstack(values, n: int):
-    return [jax.tree.map(lambda a, i=i: a[i], values) for i in range(n)]
-
-
 def with_resolution(
     controls, *, n_head_nodes=None, n_hidden_nodes=None, head_rule=None, hidden_rule=None
 ):
@@ -101,10 +97,4 @@ def with_resolution(
         )
         return FunctionBlock(att, block.norm1, ff, block.norm2)
 
-    if isinstance(controls, PiecewiseConstant):
-        blocks = [change(b) for b in _unstack(controls.values, controls.n_layers)]
-        return PiecewiseConstant(stack(blocks), controls.t0, controls.width)
-    if isinstance(controls, LegendreControls):
-        blocks = [change(b) for b in _unstack(controls.coeffs, controls.n_modes)]
-        return LegendreControls(stack(blocks), controls.t0, controls.t1)
-    raise TypeError(f"unsupported controls {type(controls).__name__}")
+    return controls.map_blocks(change)

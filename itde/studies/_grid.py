@@ -35,8 +35,8 @@ from .._equation import TransformerIDE
 from .._quadrature._rules import RULES, GaussLegendre, Grid
 from .._registry import SCHEMES
 from .._solve import solve
+from ..function import FourierBasis, FunctionField, LegendreBasis
 from ..function._block import FunctionBlock
-from ..function._kernels import FourierBasis, FunctionField, LegendreBasis
 from ._depth import study_order
 
 FIXED_NODES = 32  # the fixed, fine Gauss-Legendre grid on the axis not being refined

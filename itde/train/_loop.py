@@ -45,8 +45,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import _checkpoint as ckpt
 from .._operators._layernorm import LayerNormProjection
+from . import _checkpoint as ckpt
 from ._config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
 from ._data import TaskData, evaluate
 from ._model import build_model, loss_fn

@@ -1,0 +1,63 @@
+r"""The token domain $\Omega_x$ as attention sees it: nodes and positive quadrature weights.
+
+A 1-D quadrature rule ([`AbstractQuadrature`][itde.AbstractQuadrature]) and a 2-D
+tensor-product rule ([`TensorGrid2D`][itde.TensorGrid2D]) are both token domains, so a
+[`Grid`][itde.Grid] holds either and the operators never ask which.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+
+def check_weights(name: str, weights: np.ndarray) -> np.ndarray:
+    """Reject non-finite or non-positive quadrature weights, naming the argument."""
+    w = np.asarray(weights, dtype=np.float64)
+    bad = ~np.isfinite(w) | (w <= 0)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"`{name}` must hold finite positive quadrature weights; entry {i} is {w[i]!r}. "
+            "Use a rule with positive weights (midpoint, trapezoid, Simpson, "
+            "Gauss-Legendre, periodic trapezoid)."
+        )
+    return w
+
+
+class AbstractTokenDomain(eqx.Module):
+    r"""A token domain $\Omega_x$ with a quadrature rule: $\int_{\Omega_x} g\,dx \approx
+    \sum_p w_p\,g(x_p)$ over the $N$ tokens of a state.
+
+    Attention uses the weights only through the log-bias $\log w_p$ of its softmax.
+    `n_tokens` is the state's token count: a 1-D rule needs it (any $N$ within the rule's
+    limits), a domain with a fixed count ([`TensorGrid2D`][itde.TensorGrid2D]) checks it
+    and also accepts `None`.
+
+    **Convention for uniform weights.** When every weight is equal, $\log w_p$ is a
+    constant, which cancels in the softmax: [`token_log_weights`][] returns `None` then
+    (the attention skips the bias), and an array otherwise. Every token domain follows it.
+    """
+
+    @abc.abstractmethod
+    def nodes_weights(self, n_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Nodes and weights of `n_tokens` tokens (float64 NumPy; weights of shape
+        `[n_tokens]`)."""
+
+    def token_weights(self, n_tokens: int | None = None) -> np.ndarray:
+        """The weights $w_p$ of `n_tokens` tokens, checked finite and positive."""
+        return check_weights("token weights", self.nodes_weights(n_tokens)[1])
+
+    def token_log_weights(
+        self, n_tokens: int | None = None, dtype=None
+    ) -> Float[Array, " tokens"] | None:
+        r"""$\log w_p$ as a JAX array in `dtype`, or `None` when the weights are uniform
+        (a constant log-bias cancels in the softmax)."""
+        w = self.token_weights(n_tokens)
+        if np.all(w == w[0]):
+            return None
+        return jnp.asarray(np.log(w), dtype=dtype)
