@@ -36,14 +36,16 @@ CONFIG = {
     "run": {"log_every": 1, "eval_every": 5, "checkpoint_every": 2, "progress": False},
 }
 STOP_AT = 3  # the killed run's last checkpoint is step 2; step 3 is lost and redone
-DEADLINE_S = 240  # per phase; far above the measured time, far below a hang's
+DEADLINE_S = 480  # per phase: above the time measured on a loaded 2-core machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = textwrap.dedent(
     """
     import functools, json, os, sys, time
+    t0 = time.perf_counter()
     a = json.loads(os.environ["ITDE_TEST_WORKER"])
+    stamp = lambda what: print(f"[{time.perf_counter() - t0:6.1f} s] {what}", flush=True)
     import jax
     if a["num_processes"] > 1:
         from jax._src import xla_bridge  # keep the gloo sockets on loopback (test only)
@@ -58,10 +60,12 @@ WORKER = textwrap.dedent(
             initialization_timeout=60, heartbeat_timeout_seconds=20,
             shutdown_timeout_seconds=20)
     assert jax.process_count() == a["num_processes"] and len(jax.devices()) == 2
+    stamp("joined")
     import equinox as eqx
     import numpy as np
     from itde.train._config import TrainExperiment, from_dict
     from itde.train._loop import train
+    stamp("imported")
     cfg = from_dict(TrainExperiment, a["config"]) if a["config"] else None
     leaves = lambda tree: [np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array)
                            else x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
@@ -75,6 +79,7 @@ WORKER = textwrap.dedent(
                 model, opt = run.init_state()
                 model = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)
                 ckpt.save(directory, 7, (model, opt), run.meta())
+                stamp(f"wrote {name}")
                 np.savez(a["result"] + f"-{name}-written.npz", *leaves((model, opt)))
                 if name == "damaged":
                     path = os.path.join(directory, f"state-{7:08d}.eqx")
@@ -116,6 +121,13 @@ def _free_port() -> int:
 
 
 _CHILDREN: list[subprocess.Popen] = []
+_SHARED: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(tmp_path_factory):
+    """One persistent compilation cache for every worker of this module."""
+    _SHARED["cache"] = str(tmp_path_factory.mktemp("jax-cache"))
 
 
 @pytest.fixture(autouse=True)
@@ -132,6 +144,10 @@ def _no_orphans():
 def _start(tmp: Path, name: str, **args) -> tuple[subprocess.Popen, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     env.update(
+        # the workers compile the same small programs: share them through one cache
+        JAX_COMPILATION_CACHE_DIR=os.environ.get("ITDE_TEST_JAX_CACHE", _SHARED["cache"]),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_PLATFORMS="cpu",
         MPLBACKEND="Agg",
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH", "")]),
