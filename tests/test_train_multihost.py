@@ -2,17 +2,21 @@
 on a loopback coordinator, one CPU device each.
 
 Only process 0 is given a usable output directory; process 1's does not exist and must
-still not exist at the end. A two-process run stops after step 3 (its last checkpoint is
-step 2), both processes are then SIGKILLed, and two fresh processes resume it to the end:
-the final parameters and optimiser state of both processes equal, bit for bit, those of
-one process training the same config on two (forced host) CPU devices, the same mesh. A
-damaged checkpoint found by process 0 stops both processes with the same message.
+still not exist at the end.
+
+- Default run (no training): process 0 writes a checkpoint that only it can see; both
+  processes restore it and process 1's copy equals process 0's bit for bit; a damaged
+  checkpoint and a directory without one stop both processes with process 0's message.
+- `-m slow`: a two-process run stops after step 3 (its last checkpoint is step 2), both
+  processes are SIGKILLed, and two fresh processes resume it to the end: the final
+  parameters and optimiser state of both equal, bit for bit, those of one process
+  training the same config on two (forced host) CPU devices, the same mesh.
 
 Every server here is started by the test and listens on 127.0.0.1 only: the coordinator
 (`coordinator_bind_address`) and the gloo CPU collectives (pinned to 127.0.0.1 in the
 worker). Every wait has a deadline; on a deadline the children are killed and the test
 fails with their output, and the workers' own distributed timeouts are short, so an
-orphaned worker stops by itself too.
+orphaned worker stops by itself too. The workers share one persistent compilation cache.
 """
 
 import json
@@ -107,7 +111,7 @@ WORKER = textwrap.dedent(
         print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
         sys.exit(3)
     np.savez(a["result"], *leaves((s["model"], s["opt_state"])))
-    print("DONE", s["step"], flush=True)
+    stamp(f"DONE {s['step']}")
     if a["hang"]:  # wait to be killed, as a preempted job would be; stop by itself anyway
         time.sleep(120)
     """
