@@ -149,12 +149,14 @@ def _start(tmp: Path, name: str, **args) -> tuple[subprocess.Popen, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     env.update(
         # the workers compile the same small programs: share them through one cache
-        JAX_COMPILATION_CACHE_DIR=os.environ.get("ITDE_TEST_JAX_CACHE", _SHARED["cache"]),
+        JAX_COMPILATION_CACHE_DIR=_SHARED["cache"],
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_PLATFORMS="cpu",
         MPLBACKEND="Agg",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH")) if p
+        ),
         ITDE_TEST_WORKER=json.dumps(args),
     )
     if args["num_processes"] == 1:  # the same 2-device mesh in one process
