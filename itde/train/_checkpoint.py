@@ -161,16 +161,9 @@ def read_meta(directory: str | Path) -> dict:
     return meta
 
 
-def load(directory: str | Path, template, meta: dict | None = None):
-    """Read `(model, opt_state)` from a checkpoint into the structure of `template`.
-
-    Checks, in order: the sidecar, the leaves file's existence, size and SHA-256, and the
-    shape and dtype of every array leaf against `template` (built from the config).
-
-    **Returns:** `(state, meta)`.
-    """
+def read_leaves(directory: str | Path, meta: dict) -> bytes:
+    """The leaves file named by the sidecar `meta`, checked for existence, size and SHA-256."""
     directory = Path(directory)
-    meta = read_meta(directory) if meta is None else meta
     path = directory / meta["leaves"]
     if not path.is_file():
         raise CheckpointError(
@@ -186,6 +179,28 @@ def load(directory: str | Path, template, meta: dict | None = None):
     if hashlib.sha256(raw).hexdigest() != meta["sha256"]:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is corrupted: its SHA-256 differs from the sidecar's"
+        )
+    return raw
+
+
+def load(directory: str | Path, template, meta: dict | None = None, raw: bytes | None = None):
+    """Read `(model, opt_state)` from a checkpoint into the structure of `template`.
+
+    Checks, in order: the sidecar, the leaves file's existence, size and SHA-256, and the
+    shape and dtype of every array leaf against `template` (built from the config).
+    `raw`, if given, is the leaves file's content read elsewhere (by process 0 of a
+    multi-host run); its SHA-256 is checked against the sidecar's again.
+
+    **Returns:** `(state, meta)`.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory) if meta is None else meta
+    if raw is None:
+        raw = read_leaves(directory, meta)
+    elif hashlib.sha256(raw).hexdigest() != meta["sha256"]:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r}: the state received from process 0 differs from "
+            "the SHA-256 its sidecar records"
         )
     want = shapes(template)
     got = meta["shapes"]

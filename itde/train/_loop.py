@@ -21,8 +21,11 @@ environment: coordinator address, process count and id) in every process before 
 else touches JAX, then run the same `itde train` command on every host. `jax.devices()`
 is then the global device list, so the mesh spans all hosts; every process computes the
 same global batch from `(seed, step)` and `jax.make_array_from_callback` places only its
-own shards on its devices. Only process 0 writes the checkpoint, metrics and plot;
-`--resume` must see the same directory on process 0 (a shared filesystem).
+own shards on its devices. Only process 0 reads or writes the output directory (sidecar,
+checkpoint, metrics, plot): on `--resume` it checks the checkpoint and broadcasts the
+sidecar and the state file to the other processes, and an error it finds stops every
+process with the same message; after each save every process waits for process 0's
+outcome, so none runs ahead of a checkpoint that failed.
 
 **Reproducibility.** Initialisation, the training batches and the held-out data are pure
 functions of `optim.seed` (`fold_in(key(seed), 0 | 1 | 2)`; batch $s$ from
@@ -47,11 +50,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._operators._layernorm import LayerNormProjection
 from . import _checkpoint as ckpt
+from . import _distributed as dist
 from ._config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
 from ._data import TaskData, evaluate
 from ._model import build_model, loss_fn
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+_ERRORS = (ckpt.CheckpointError, ConfigError)  # raised again on every process of a run
 _DECAYED = ("wq", "wk", "wv", "wo", "w1", "w2", "embedding", "position", "readout", "lift")
 
 
@@ -224,18 +229,23 @@ class Run:
                 )
 
     def restore(self, directory, meta: dict | None = None):
-        """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh."""
+        """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh.
+
+        Only process 0 reads the directory; the sidecar and the checked leaves file
+        reach the other processes by broadcast, and so does any error it finds."""
         template = self.init_state()
-        meta = ckpt.read_meta(directory) if meta is None else meta
+        if meta is None:
+            meta = dist.on_main(lambda: ckpt.read_meta(directory), errors=_ERRORS)
         self.check_meta(meta, directory)
-        (model, opt_state), meta = ckpt.load(directory, template, meta)
+        raw = dist.on_main(lambda: ckpt.read_leaves(directory, meta), errors=_ERRORS)
+        (model, opt_state), meta = ckpt.load(directory, template, meta, raw=raw)
         return place(model, self.replicated), place(opt_state, self.replicated), meta
 
 
-def config_for_resume(directory, cfg: TrainExperiment | None, source: str):
+def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=None):
     """The config of a resumed run: the checkpoint's, or `cfg` if it agrees with it on
-    everything but the keys in `RESUMABLE_KEYS`."""
-    meta = ckpt.read_meta(directory)
+    everything but the keys in `RESUMABLE_KEYS`. `meta`: the sidecar, if already read."""
+    meta = ckpt.read_meta(directory) if meta is None else meta
     from ._config import from_dict
 
     stored = from_dict(TrainExperiment, meta["config"], f"{directory}/{ckpt.SIDECAR}")
@@ -249,6 +259,19 @@ def config_for_resume(directory, cfg: TrainExperiment | None, source: str):
             "--config to resume with the checkpoint's own config"
         )
     return cfg, meta
+
+
+def _refuse_existing(out: Path) -> None:
+    if (out / ckpt.SIDECAR).is_file():
+        raise ckpt.CheckpointError(
+            f"{str(out)!r} already holds a checkpoint (step "
+            f"{ckpt.read_meta(out)['step']}); continue it with --resume {out}, write "
+            "elsewhere with --out, or replace it with --overwrite"
+        )
+
+
+def _save(out: Path, step: int, state, meta: dict) -> None:
+    ckpt.save(out, step, state, meta)
 
 
 def _read_metrics(path: Path, upto: int) -> list[dict]:
@@ -288,23 +311,20 @@ def train(
     """
     meta = None
     if resume is not None:
-        cfg, meta = config_for_resume(resume, cfg, source)
+        meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)
+        cfg, meta = config_for_resume(resume, cfg, source, meta)
     cfg = TrainExperiment() if cfg is None else cfg
     run = Run(cfg, devices)
     if out is None:
         out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
     out = Path(out)
-    if resume is None and not overwrite and (out / ckpt.SIDECAR).is_file():
-        raise ckpt.CheckpointError(
-            f"{str(out)!r} already holds a checkpoint (step "
-            f"{ckpt.read_meta(out)['step']}); continue it with --resume {out}, write "
-            "elsewhere with --out, or replace it with --overwrite"
-        )
-    is_main = jax.process_index() == 0
+    if resume is None and not overwrite:
+        dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
+    is_main = dist.is_main()
     if resume is not None:
         model, opt_state, meta = run.restore(resume, meta)
         start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
-        rows = _read_metrics(Path(resume) / "metrics.jsonl", start)
+        rows = _read_metrics(Path(resume) / "metrics.jsonl", start) if is_main else []
     else:
         model, opt_state = run.init_state()
         model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
@@ -348,10 +368,11 @@ def train(
                 with open(out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
             bar.set_postfix(loss=f"{loss_v:.4g}", ex_s=f"{rate:.0f}")
-        if (done % r.checkpoint_every == 0 or done == total) and is_main:
+        if done % r.checkpoint_every == 0 or done == total:
             m = run.meta()
             m["wall_s"] = wall0 + time.perf_counter() - t_start
-            ckpt.save(out, done, (model, opt_state), m)
+            # process 0 writes; the broadcast of its outcome is the barrier after the save
+            dist.on_main(lambda: _save(out, done, (model, opt_state), m), errors=_ERRORS)
         bar.update(1)
         if stop_at is not None and done >= stop_at:
             break
