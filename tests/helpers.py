@@ -1,19 +1,26 @@
-"""Registries shared by the conformance tests: every scheme added here is covered."""
+"""Registries shared by the conformance tests: every rule added here is covered."""
 
 import itde
 
 QUADRATURES = dict(itde.RULES)  # name -> rule class
 
-# (rule class, polynomial degree integrated exactly for n nodes, order on smooth data)
+# name -> polynomial degree integrated exactly with n nodes (from the theory of each rule,
+# written here, not read from the rules under test)
 EXACT_DEGREE = {
     "midpoint": lambda n: 1,
     "trapezoid": lambda n: 1,
     "simpson": lambda n: 3,
     "gauss-legendre": lambda n: 2 * n - 1,
 }
+# rules that are not exact on algebraic polynomials, each with the reason
+NOT_POLYNOMIAL_EXACT = {
+    "periodic-trapezoid": "exact on trigonometric polynomials of a periodic interval",
+}
 
-
-def torch_available():
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
+_uncovered = set(QUADRATURES) - set(EXACT_DEGREE) - set(NOT_POLYNOMIAL_EXACT)
+if _uncovered:
+    raise RuntimeError(
+        f"quadrature rules {sorted(_uncovered)} are in itde.RULES but not in "
+        "tests/helpers.py: give each its exact polynomial degree (EXACT_DEGREE) or the "
+        "reason it has none (NOT_POLYNOMIAL_EXACT)."
+    )

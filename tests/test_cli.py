@@ -1,14 +1,17 @@
 """The `itde` command line and its TOML configs."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image
+import numpy as np
 import pytest
 
 from itde import _config
-from itde.cli._main import main
+from itde.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,18 +26,52 @@ n_tokens = 5
 """
 
 
+def _assert_png(path, width_in, height_in, dpi=110):
+    """The file decodes as a PNG of figsize x dpi pixels (the CLI's plots) and is not blank."""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = matplotlib.image.imread(path)
+    assert img.shape[:2] == (round(height_in * dpi), round(width_in * dpi)), img.shape
+    assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10  # drawn, not blank
+
+
+def _table_rows(text, first):
+    """The whitespace-separated rows of the printed table whose first cell is in `first`."""
+    return {
+        f[0]: f[1:] for f in (line.split() for line in text.splitlines()) if f and f[0] in first
+    }
+
+
+def _assert_solve_output(out, stdout, n_layers, tol):
+    """summary.json has its schema, finite values on S1 up to `tol`, and agrees with the
+    printed table; trajectory.png is the 10 x 3.8 in figure."""
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["layers"]
+    assert [r["layer"] for r in rows] == list(range(n_layers + 1))
+    printed = _table_rows(stdout, {str(n) for n in range(n_layers + 1)})
+    assert len(printed) == n_layers + 1, stdout
+    for r in rows:
+        assert set(r) == {"layer", "t", "token_mean_norm", "mean_residual", "var_residual"}
+        assert r["t"] == r["layer"] and math.isfinite(r["token_mean_norm"])
+        t, norm, rm, rv = printed[str(r["layer"])]
+        assert float(t) == r["t"] and float(norm) == pytest.approx(r["token_mean_norm"], abs=1e-6)
+        if r["layer"] == 0:  # the initial state is not projected: no residual to report
+            assert math.isnan(r["mean_residual"]) and rm == rv == "nan"
+            continue
+        # eps = 0: every layer's output lies on S1 up to round-off
+        assert 0 <= r["mean_residual"] < tol and 0 <= r["var_residual"] < tol
+        assert float(rm) == pytest.approx(r["mean_residual"], rel=6e-3, abs=1e-300)
+        assert float(rv) == pytest.approx(r["var_residual"], rel=6e-3, abs=1e-300)
+    _assert_png(out / "trajectory.png", 10, 3.8)
+
+
 def test_solve_writes_summary_and_plot(tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     assert main(["solve", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
     text = capsys.readouterr().out
     assert "token-mean norm" in text and "mean resid" in text
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert [r["layer"] for r in summary["layers"]] == [0, 1, 2]
-    for row in summary["layers"][1:]:  # eps = 0: exactly on S1 (float32 round-off)
-        assert row["mean_residual"] < 1e-5 and row["var_residual"] < 1e-5
-    png = (tmp_path / "out" / "trajectory.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # the test session runs in float64 (conftest), so the residuals are float64 round-off
+    _assert_solve_output(tmp_path / "out", text, n_layers=2, tol=1e-12)
 
 
 def test_shipped_configs_parse():
@@ -85,6 +122,7 @@ def test_missing_config_file(tmp_path, capsys):
 
 
 def test_installed_entry_point_runs(tmp_path):
+    """The `itde` script in a fresh process: JAX's default float32, as users run it."""
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     exe = Path(sys.executable).with_name("itde")
@@ -95,7 +133,7 @@ def test_installed_entry_point_runs(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "o" / "trajectory.png").exists()
+    _assert_solve_output(tmp_path / "o", proc.stdout, n_layers=2, tol=1e-5)
 
 
 CONVERGE_TINY = """
@@ -119,17 +157,31 @@ def test_converge_writes_json_schema_and_plot(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["converge", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
-    assert "observed" in text and "lie" in text and "heun" in text
     result = json.loads((out / "convergence.json").read_text())
-    assert result["axis"] == "depth" and "reference" in result
+    assert result["axis"] == "depth"
+    assert set(result["reference"]) >= {"solver", "rtol", "atol", "steps", "dtype"}
+    assert result["reference"]["rtol"] == 1e-10 and result["reference"]["steps"] > 0
     rows = {r["scheme"]: r for r in result["results"]}
     assert set(rows) == {"lie", "heun"}
-    for r in rows.values():
+    printed = _table_rows(text, set(rows))
+    t1 = result["problem"]["t1"]
+    theory = {"lie": 1, "heun": 2}  # Lie-Trotter first order, projected Heun second
+    for name, r in rows.items():
         assert set(r) >= {"scheme", "expected_order", "observed_order", "dt", "errors"}
-        assert len(r["dt"]) == len(r["errors"]) == 3
-    assert abs(rows["lie"]["observed_order"] - 1) < 0.25
-    assert abs(rows["heun"]["observed_order"] - 2) < 0.25
-    assert (out / "convergence_depth.png").read_bytes()[:4] == b"\x89PNG"
+        np.testing.assert_allclose(r["dt"], [t1 / 4, t1 / 8, t1 / 16], rtol=1e-15)
+        errs = np.asarray(r["errors"])
+        assert errs.shape == (3,) and np.all(np.isfinite(errs)) and np.all(errs > 0)
+        assert np.all(np.diff(errs) < 0), errs  # refining the step reduces the error
+        assert r["expected_order"] == theory[name]
+        assert abs(r["observed_order"] - theory[name]) < 0.25, r
+        assert r["constraint_residual"] < 1e-12  # float64: on the constraint set
+        # the printed row: expected order, observed order (2 decimals), errors (3 digits)
+        exp, obs, *e = printed[name]
+        assert int(exp) == theory[name] and float(obs) == pytest.approx(
+            r["observed_order"], abs=5e-3
+        )
+        np.testing.assert_allclose([float(x) for x in e], errs, rtol=6e-3)
+    _assert_png(out / "convergence_depth.png", 7, 5)
 
 
 def test_converge_config_errors(tmp_path):

@@ -1,17 +1,19 @@
 """The continuum regime: smooth controls, depth integrators, adjoints, bad input."""
 
+import chex
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 import itde
 import itde_solvers as solvers
 from itde._config import ProblemConfig
-from itde.studies._depth import build_problem
 from itde._registry import SCHEMES
+from itde.studies._depth import build_problem
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +45,60 @@ def _errors(model, u0, ref, name, ns):
     return [float(jnp.max(jnp.abs(f(jnp.asarray(1.0 / n)) - ref))) for n in ns]
 
 
-@pytest.mark.parametrize("name", ["lie", "parallel", "strang", "heun", "rk4", "tsit5"])
+# Global orders from the theory of each scheme (not read from the registry under test):
+# Lie-Trotter and the averaged (parallel) splitting are first order; Strang splitting is
+# symmetric, hence second order; the projected Runge-Kutta methods keep the order of the
+# underlying method (the projection onto the smooth constraint set is an O(dt^{p+1})
+# perturbation per step): Heun 2, RK4 4, Tsit5 5.
+THEORY_ORDER = {"lie": 1, "parallel": 1, "strang": 2, "heun": 2, "rk4": 4, "tsit5": 5}
+# Tsit5 reaches its round-off floor early: three step sizes. Measured local rates for
+# n = 4, 8, 16 are 5.56 and 5.44, falling towards 5: its leading error constant is small,
+# so the next term still shows; the window above the theoretical order is wider for it.
+NS_FOR_ORDER = {name: [4, 8, 16, 32] for name in THEORY_ORDER} | {"tsit5": [4, 8, 16]}
+ORDER_WINDOW = {name: (0.15, 0.15) for name in THEORY_ORDER} | {"tsit5": (0.15, 0.6)}
+# one splitting and one projected Runge-Kutta scheme run by default, the rest with -m slow
+DEFAULT_ORDER_CASES = {"lie", "rk4"}
+
+
+def _slope(ns, errs):
+    """Least-squares slope of log error on log step (written here, independent of
+    `itde_solvers.observed_order`)."""
+    return float(np.polyfit(np.log(1.0 / np.asarray(ns)), np.log(errs), 1)[0])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n in DEFAULT_ORDER_CASES else pytest.param(n, marks=pytest.mark.slow)
+        for n in THEORY_ORDER
+    ],
+)
 def test_observed_depth_order_matches_theory(problem, name):
     model, u0, ref = problem
-    ns = [4, 8, 16, 32] if name != "tsit5" else [4, 8, 16]
+    ns = NS_FOR_ORDER[name]
     errs = _errors(model, u0, ref, name, ns)
-    slope = solvers.observed_order([1.0 / n for n in ns], errs, floor=1e-12)
-    expected = SCHEMES[name].order
-    if name == "tsit5":
-        assert slope >= 4.0, (slope, errs)
-    else:
-        assert slope == pytest.approx(expected, abs=0.15), (slope, errs)
+    assert min(errs) > 1e-11, errs  # above the reference's own error: a meaningful slope
+    slope = _slope(ns, errs)
+    below, above = ORDER_WINDOW[name]
+    p = THEORY_ORDER[name]
+    assert p - below <= slope <= p + above, (name, slope, errs)
 
 
-def test_every_saved_state_lies_on_the_moving_constraint(problem):
+@pytest.mark.parametrize("name", ["lie", "rk4", pytest.param("strang", marks=pytest.mark.slow)])
+def test_every_saved_state_lies_on_the_moving_constraint(problem, name):
     model, u0, _ = problem
     ts = jnp.linspace(0.0, 1.0, 9)
-    for name in ("lie", "strang", "rk4"):
-        sol = itde.solve(
-            model, u0, solver=SCHEMES[name].make(), dt0=1 / 16, saveat=diffrax.SaveAt(ts=ts)
-        )
-        for t, u in zip(ts, sol.ys):
-            rm, rv = model.constraint(t).residuals(u)
-            assert float(rm) < 1e-12 and float(rv) < 1e-12, (name, float(t))
+    sol = itde.solve(
+        model, u0, solver=SCHEMES[name].make(), dt0=1 / 16, saveat=diffrax.SaveAt(ts=ts)
+    )
+    for t, u in zip(ts, sol.ys):
+        rm, rv = model.constraint(t).residuals(u)
+        assert float(rm) < 1e-12 and float(rv) < 1e-12, (name, float(t))
     sigma2 = [float(model.constraint(t).sigma2) for t in (0.0, 1.0)]
     assert abs(sigma2[1] - sigma2[0]) > 0.1  # the constraint set really moves
 
 
-def test_adaptive_projected_solve_and_progress_meter(problem):
+def test_adaptive_projected_solve_and_progress_meter(problem, capsys):
     model, u0, ref = problem
     sol = itde.solve(
         model,
@@ -79,13 +107,15 @@ def test_adaptive_projected_solve_and_progress_meter(problem):
         stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-9),
         progress_meter=diffrax.TextProgressMeter(),
     )
+    jax.block_until_ready(sol.ys)
     assert float(jnp.max(jnp.abs(sol.ys[-1] - ref))) < 1e-7
+    out = capsys.readouterr()
+    assert "100.00%" in out.out + out.err  # the meter reported the whole solve
 
 
 def test_regime_switch_lie_at_dt_one_is_the_transformer():
     """A discrete model through the same entry point, Lie at dt = 1, equals the layer stack;
     and its smooth interpolation is a continuum model of the same object."""
-    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(
         12, 3, 20, dropout=0.0, batch_first=True, dtype=torch.float64
@@ -105,12 +135,12 @@ def test_regime_switch_lie_at_dt_one_is_the_transformer():
 
 
 # ------------------------------------------------------------------ gradients through depth
-def _loss_fn(adjoint, scheme="rk4"):
+def _loss_fn(adjoint, scheme="rk4", dt=0.25):
     def loss(model, f):
         # the initial state is projected inside the loss, so that every parameter
         # (sigma(0) included) acts on the solution the same way in every adjoint
         u0 = model.project(0.0, f)
-        sol = itde.solve(model, u0, solver=SCHEMES[scheme].make(), dt0=0.25, adjoint=adjoint)
+        sol = itde.solve(model, u0, solver=SCHEMES[scheme].make(), dt0=dt, adjoint=adjoint)
         u = sol.ys[-1]
         return jnp.sum(jnp.sin(u) * jnp.arange(u.size).reshape(u.shape))
 
@@ -127,14 +157,9 @@ def test_adjoints_agree_and_match_finite_differences(problem):
     ]:
         g = jax.grad(lambda p: _loss_fn(adj)(eqx.combine(p, static), u0))(params)
         grads[name] = g
-    leaves_r = jax.tree.leaves(grads["recursive"])
-    leaves_d = jax.tree.leaves(grads["direct"])
-    for a, b in zip(leaves_r, leaves_d):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    chex.assert_trees_all_close(grads["recursive"], grads["direct"], rtol=1e-10, atol=1e-12)
     # central finite differences on a few parameters
     loss = _loss_fn(diffrax.RecursiveCheckpointAdjoint())
-    wq = model.controls.coeffs.attention.wq
-    s1 = model.controls.coeffs.norm2.sigma1
     g = grads["recursive"]
     checks = [
         (lambda m: m.controls.coeffs.attention.wq, (1, 0, 3, 2), g.controls.coeffs.attention.wq),
@@ -142,7 +167,6 @@ def test_adjoints_agree_and_match_finite_differences(problem):
         (lambda m: m.controls.coeffs.norm2.sigma1, (1,), g.controls.coeffs.norm2.sigma1),
         (lambda m: m.controls.coeffs.feedforward.w2, (2, 3, 4), g.controls.coeffs.feedforward.w2),
     ]
-    del wq, s1
     h = 1e-6
     for where, idx, gleaf in checks:
         leaf = where(model)
@@ -152,22 +176,26 @@ def test_adjoints_agree_and_match_finite_differences(problem):
         assert float(gleaf[idx]) == pytest.approx(float(fd), rel=1e-6, abs=1e-8)
 
 
-def test_backsolve_adjoint_is_selectable_and_close(problem):
+@pytest.mark.slow
+def test_backsolve_adjoint_converges_to_the_discrete_gradient(problem):
+    """Optimise-then-discretise: BacksolveAdjoint solves the adjoint ODE backwards with the
+    same Tsit5 steps, so it is not the exact gradient of the discrete solve; the two differ
+    by the discretisation error of a fifth-order method, O(dt^5): halving dt divides the
+    difference by about 2^5 = 32 (measured: 1.44e-4 at dt = 1/2, 1.42e-6 at dt = 1/4)."""
     model, u0, _ = problem
     params, static = eqx.partition(model, eqx.is_inexact_array)
-    gr = jax.grad(
-        lambda p: _loss_fn(diffrax.RecursiveCheckpointAdjoint(), "tsit5")(
-            eqx.combine(p, static), u0
-        )
-    )(params)
-    gb = jax.grad(
-        lambda p: _loss_fn(diffrax.BacksolveAdjoint(), "tsit5")(eqx.combine(p, static), u0)
-    )(params)
-    a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(gr)])
-    b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(gb)])
-    rel = np.linalg.norm(a - b) / np.linalg.norm(a)
-    # optimise-then-discretise: not the exact gradient of the discrete solve
-    assert 0 < rel < 1e-2, rel
+
+    def gradient(adjoint, dt):
+        g = jax.grad(lambda p: _loss_fn(adjoint, "tsit5", dt)(eqx.combine(p, static), u0))
+        return np.concatenate([np.ravel(x) for x in jax.tree.leaves(g(params))])
+
+    rel = []
+    for dt in (0.5, 0.25):
+        a = gradient(diffrax.RecursiveCheckpointAdjoint(), dt)
+        b = gradient(diffrax.BacksolveAdjoint(), dt)
+        rel.append(np.linalg.norm(a - b) / np.linalg.norm(a))
+    assert rel[1] > 1e-12, rel  # a different gradient: the option really is in effect
+    assert np.log2(rel[0] / rel[1]) >= 5 - 0.3, rel
 
 
 # ------------------------------------------------------------------ bad input
