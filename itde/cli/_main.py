@@ -88,8 +88,9 @@ def cmd_solve(args) -> int:
                 "layer": n,
                 "t": float(ts[n]),
                 "token_mean_norm": float(norms[n].mean()),
-                "mean_residual": rm,
-                "var_residual": rv,
+                # null for layer 0: the input is on no constraint set (and NaN is not JSON)
+                "mean_residual": None if n == 0 else rm,
+                "var_residual": None if n == 0 else rv,
             }
         )
         print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {rm:>11.2e} {rv:>11.2e}")
