@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from itde.train import _loop as _train
-from itde.cli._train import main
-from itde.train._config import TrainExperiment
+import itde.train
+from itde.cli import main
+from itde.train import TrainExperiment
 
 CHARLM = """
 [task]
@@ -15,10 +15,10 @@ name = "charlm"
 context = 12
 eval_size = 8
 [model]
-layers = 1
-width = 8
-heads = 2
-hidden = 16
+n_layers = 1
+n_features = 8
+n_heads = 2
+n_hidden = 16
 [optim]
 steps = 4
 batch_size = 4
@@ -37,10 +37,10 @@ n_grid = 8
 n_modes = 2
 eval_size = 4
 [model]
-layers = 1
-width = 8
-heads = 2
-hidden = 8
+n_layers = 1
+n_features = 8
+n_heads = 2
+n_hidden = 8
 scheme = "heun"
 activation = "gelu"
 [optim]
@@ -100,7 +100,7 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     for r in results.values():
         assert 0 < r["eval_rel_l2"] < 10
     assert main(["sample", "--checkpoint", str(out)]) == 2
-    assert "needs a charlm checkpoint" in capsys.readouterr().err
+    assert "needs a checkpoint of a text task (charlm)" in capsys.readouterr().err
     assert main(["eval", "--checkpoint", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -112,14 +112,15 @@ def test_train_without_config_is_the_sort_task(monkeypatch, capsys):
         seen["cfg"] = cfg
         return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort"}
 
-    monkeypatch.setattr(_train, "train", fake_train)
+    monkeypatch.setattr(itde.train, "train", fake_train)
     assert main(["train"]) == 0
     assert seen["cfg"] == TrainExperiment() and seen["cfg"].task.name == "sort"
 
 
+@pytest.mark.slow
 def test_default_sort_config_reaches_99_percent(tmp_path):
     """The acceptance bar of the built-in default: >= 99% held-out sequence accuracy."""
-    from itde.train._loop import train
+    from itde.train import train
 
     result = train(out=tmp_path / "sort", progress=False)
     assert result["step"] == 1500
