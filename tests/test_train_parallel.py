@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import jax, numpy as np, equinox as eqx
@@ -63,6 +65,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh JAX process and two compiles of the step: ~40 s of CPU
 def test_sharded_step_equals_single_device_step():
     env = dict(os.environ)
     env["XLA_FLAGS"] = (

@@ -22,8 +22,15 @@ def _load_config(path):
 
 
 def cmd_train(args) -> int:
+    from pathlib import Path
+
     from ..train import TrainExperiment, train
 
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(
+            f"`--out`={args.out!r} is an existing file, not a directory; give a directory "
+            "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
+        )
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is None:
         cfg = TrainExperiment()
@@ -54,6 +61,11 @@ def _restore(directory):
 def cmd_eval(args) -> int:
     from ..train import evaluate, with_depth
 
+    if args.size is not None and args.size < 1:
+        raise ValueError(
+            f"`--size`={args.size} must be a positive number of held-out examples (default: "
+            "the checkpoint's [task] eval_size)"
+        )
     run, model, meta = _restore(args.checkpoint)
     model = with_depth(model, args.solver, args.dt, name="--dt")
     task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
@@ -68,17 +80,39 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from ..train import sample
+    """Print the prompt, then the generated characters chunk by chunk as they are drawn
+    (flushed), so a long run shows progress and Ctrl-C keeps what was printed."""
+    from .. import train as tr
+    from .._config import SEED_MAX
 
+    if not 0 <= args.seed <= SEED_MAX:
+        raise ValueError(f"`--seed`={args.seed} must be an integer in [0, {SEED_MAX}]")
+    if args.length < 0:
+        raise ValueError(f"`--length`={args.length} must be a non-negative number of characters")
     run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(
             f"`itde sample` needs a checkpoint of a text task (charlm); {args.checkpoint!r} "
             f"was trained on task {run.task.name!r}."
         )
-    text = sample(model, run.task.itos, args.prompt, args.length,
-                  temperature=args.temperature, seed=args.seed)  # fmt: skip
-    print(text)
+    stream = tr.sample_stream(model, run.task.itos, args.prompt, args.length,
+                              temperature=args.temperature, seed=args.seed)  # fmt: skip
+    written = 0
+    try:
+        first = next(stream, "")  # checks the arguments before anything is printed
+        sys.stdout.write(args.prompt + first)
+        sys.stdout.flush()
+        written += len(first)
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            written += len(piece)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(f"itde sample: interrupted after {written} characters", file=sys.stderr)
+        return 130
+    sys.stdout.write("\n")
     return 0
 
 
@@ -100,18 +134,21 @@ def add_train_commands(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint, optionally with another depth "
                        "scheme / step or (burgers) token grid")  # fmt: skip
     p.add_argument("--checkpoint", required=True, metavar="DIR")
-    p.add_argument("--dt", type=float, help="depth step (default: the training one)")
+    p.add_argument("--dt", type=float, help="depth step, 0 < dt <= one layer ('lie') or the "
+                   "depth (default: the training one)")  # fmt: skip
     p.add_argument("--solver", help="depth scheme: 'lie' (per-layer models) or a continuous "
                    "one, e.g. rk4, heun, strang (the schemes of `itde converge`)")  # fmt: skip
     p.add_argument("--grid", type=int, help="burgers: grid points N of the token domain")
-    p.add_argument("--size", type=int, help="held-out examples (default [task].eval_size)")
+    p.add_argument("--size", type=int, help="held-out examples, > 0, rounded up to whole "
+                   "batches (default [task].eval_size)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_eval))
     p = sub.add_parser("sample", help="generate text from a charlm checkpoint")
     p.add_argument("--checkpoint", required=True, metavar="DIR")
     p.add_argument("--prompt", default="", help="text to continue (characters of the corpus)")
-    p.add_argument("--length", type=int, default=200, help="characters to generate")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length", type=int, default=200, help="characters to generate (printed "
+                   "as they are drawn)")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=1.0, help=">= 0; 0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed in [0, 2**32 - 1]")
     p.set_defaults(func=_guard(cmd_sample))
 
 

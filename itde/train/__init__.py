@@ -11,7 +11,7 @@
 - Training: [`train`][], [`Run`][], [`make_step`][], [`make_optimizer`][],
   [`evaluate`][]; checkpoints [`save_checkpoint`][], [`load_checkpoint`][],
   [`read_checkpoint_meta`][], [`CheckpointError`][].
-- Sampling: [`sample`][] (causal character models).
+- Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
 """
 
 from ._checkpoint import CheckpointError
@@ -33,7 +33,7 @@ from ._config import (
 from ._evaluate import evaluate
 from ._loop import Run, make_mesh, make_optimizer, make_schedule, make_step, place, train
 from ._model import FieldModel, TokenModel, build_model, loss_fn, predict, with_depth
-from ._sample import sample
+from ._sample import sample, sample_stream
 from ._task import AbstractTask
 from ._tasks import TASKS, Burgers, CharLM, Sort
 
@@ -68,6 +68,7 @@ __all__ = [
     "predict",
     "read_checkpoint_meta",
     "sample",
+    "sample_stream",
     "save_checkpoint",
     "to_dict",
     "train",

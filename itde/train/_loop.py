@@ -283,9 +283,26 @@ def config_for_resume(directory, cfg: TrainExperiment | None, source: str):
 
 
 def _read_metrics(path: Path, upto: int) -> list[dict]:
+    """The rows of `metrics.jsonl` up to step `upto`. A torn last line (a crash while it was
+    appended) is dropped; every complete row is kept; damage elsewhere is an error."""
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a row with an integer `step`")
+        except ValueError as e:
+            if all(not rest.strip() for rest in lines[i + 1 :]):
+                break  # the torn tail of an interrupted write
+            raise ValueError(
+                f"{str(path)!r} line {i + 1} is damaged ({e}); remove that line to resume"
+            ) from None
+        rows.append(row)
     return [r for r in rows if r["step"] <= upto]
 
 
@@ -324,6 +341,11 @@ def train(
     if out is None:
         out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"`out`={str(out)!r} is an existing file, not a directory; give a directory "
+            "(new or one of an earlier run) for metrics.jsonl, loss_curve.png and checkpoints"
+        )
     if resume is None and not overwrite and (out / ckpt.SIDECAR).is_file():
         raise ckpt.CheckpointError(
             f"{str(out)!r} already holds a checkpoint (step "

@@ -123,8 +123,8 @@ class Burgers(AbstractTask):
         return Burgers(dataclasses.replace(self.config, n_grid=n_grid))
 
     def train_batch(self, key, n):
-        x, y = self.data.sample(key, n)
-        return np.asarray(x, np.float32), np.asarray(y, np.float32)
+        x, y = self.data.sample(key, n, dtype=jnp.float32)  # solved in float32, as trained
+        return np.asarray(x), np.asarray(y)
 
     eval_batch = train_batch
 
