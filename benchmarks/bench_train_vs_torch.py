@@ -39,9 +39,7 @@ import torch
 from _timing import median_time
 
 import itde
-from itde.train._loop import Run, make_step, place
-from itde.train._config import TrainExperiment, load
-from itde.train._data import evaluate
+from itde.train import Run, TrainExperiment, evaluate, load, make_step, place
 
 
 class TorchCharLM(torch.nn.Module):
@@ -137,14 +135,14 @@ def main(argv=None):
     run = Run(cfg, devices=jax.devices()[:1])
     model, opt_state = run.init_state()
     model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
-    step = make_step(run.optimizer, "charlm")
+    step = make_step(run.optimizer, run.task)
     torch.manual_seed(0)
     net = TorchCharLM(model)
     topt, tsched = torch_optimizer(net, o)
     chunks = run.eval_chunks()
 
     def batch(s):
-        x, y = run.data.train_batch(jax.random.fold_in(run.data_key, s), o.batch_size)
+        x, y = run.task.train_batch(jax.random.fold_in(run.data_key, s), o.batch_size)
         return x, y
 
     # same start: the two models agree before training
@@ -179,7 +177,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         torch_step(net, topt, tsched, o.clip_norm, xt, yt)
         t_torch += time.perf_counter() - t0
-    val_itde = evaluate(model, chunks, "charlm")["eval_nats_per_char"]
+    val_itde = evaluate(model, chunks, run.task)["eval_nats_per_char"]
     val_torch = torch_val(net, chunks)
 
     # 2. the cost of one step: interleaved rounds on one fixed batch (state keeps moving)
@@ -211,9 +209,9 @@ def main(argv=None):
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
     result = {
         "config": a.config,
-        "shape": {"batch": o.batch_size, "context": cfg.task.context, "width": cfg.model.width,
-                  "layers": cfg.model.layers, "heads": cfg.model.heads,
-                  "hidden": cfg.model.hidden, "vocab": run.data.vocab},
+        "shape": {"batch": o.batch_size, "context": cfg.task.context, "width": cfg.model.n_features,
+                  "layers": cfg.model.n_layers, "heads": cfg.model.n_heads,
+                  "hidden": cfg.model.n_hidden, "vocab": run.task.vocab},
         "itde_parameters": n_params,
         "torch_threads": {"train_loop": a.torch_threads or default_threads,
                           "timing_best": best_threads},
@@ -228,7 +226,7 @@ def main(argv=None):
         "val_windows": sum(c[0].shape[0] for c in chunks),
     }  # fmt: skip
     print(f"charlm, batch {o.batch_size} x context {cfg.task.context}, width "
-          f"{cfg.model.width}, {cfg.model.layers} layers; same init (max |logit diff| "
+          f"{cfg.model.n_features}, {cfg.model.n_layers} layers; same init (max |logit diff| "
           f"{init_diff:.1e}); torch step (ms) by threads: "
           + ", ".join(f"{n}: {1e3 * v:.2f}" for n, v in med_by_threads.items()))  # fmt: skip
     print(f"{'':<8}{'median step (ms)':>18}{f'val nats/char after {a.steps} steps':>34}")

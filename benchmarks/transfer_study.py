@@ -27,7 +27,7 @@ accuracy), `d_error` (error minus the previous level's), `change` (the predictio
 change from the previous level, mean over examples of ||p_k - p_{k-1}|| / ||target||
 (burgers, compared on the coarser grid's points) or / ||logits_{k-1}|| (sort)),
 `order` = log2(change_{k-1} / change_k). The `itde eval --grid N` route (fresh data
-generated on N points, see `itde/cli/_train.py`) is recorded too (`cli_grid`).
+generated on N points, as `itde.train.Burgers.on_grid`) is recorded too (`cli_grid`).
 
     python benchmarks/transfer_study.py [--scheme heun --dt 0.5 --grid 32 --steps 1500
                                          --levels 3 --sort-steps 1500 --no-sort
@@ -50,11 +50,18 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from itde.train._loop import Run, train
-from itde.train._checkpoint import read_meta
-from itde.train._config import TrainExperiment, from_dict, load, to_dict
-from itde.train._data import TaskData, evaluate
-from itde.train._model import predict, with_depth
+from itde.train import (
+    Run,
+    TrainExperiment,
+    evaluate,
+    from_dict,
+    load,
+    predict,
+    to_dict,
+    train,
+    with_depth,
+)
+from itde.train import read_checkpoint_meta as read_meta
 
 predict_jit = eqx.filter_jit(predict)
 T0 = time.perf_counter()
@@ -103,7 +110,7 @@ def check_steps(layers: int, dt: float) -> None:
 def burgers_eval_set(cfg: TrainExperiment, n_fine: int, size: int):
     """Held-out (u0, u(t_f)) on `n_fine` points, from the run's own eval keys."""
     run = Run(cfg)
-    data = TaskData(cfg.task, n_grid=n_fine)
+    data = run.task.on_grid(n_fine)
     bs = cfg.optim.batch_size
     parts = [
         data.eval_batch(jax.random.fold_in(run.eval_key, i), bs)
@@ -123,7 +130,7 @@ def burgers_study(model, cfg, name, levels, x_fine, y_fine, n_fine):
 
     def pred(dt, n):
         if (dt, n) not in cache:
-            check_steps(cfg.model.layers, dt)
+            check_steps(cfg.model.n_layers, dt)
             r = n_fine // n
             out = predict_jit(with_depth(model, None, dt), x_fine[:, ::r])
             cache[dt, n] = np.asarray(out)
@@ -162,8 +169,10 @@ def cli_grid(model, cfg, grids, size):
     run = Run(cfg)
     out = {}
     for n in grids:
-        chunks = run.eval_chunks(size, TaskData(cfg.task, n_grid=n))
-        out[str(n)] = evaluate(model, chunks, "burgers", run.compute_dtype)["eval_rel_l2"]
+        task = run.task.on_grid(n)
+        out[str(n)] = evaluate(model, run.eval_chunks(size, task), task, run.compute_dtype)[
+            "eval_rel_l2"
+        ]
     return out
 
 
@@ -176,7 +185,7 @@ def sort_study(model, cfg, name, levels, size):
     rows, prev = [], None
     for k in range(levels):
         dt = dt0 / 2**k
-        check_steps(cfg.model.layers, dt)
+        check_steps(cfg.model.n_layers, dt)
         logits = np.asarray(predict_jit(with_depth(model, None, dt), x))
         hit = logits.argmax(-1) == y
         row = {"task": "sort", "model": name, "axis": "base" if k == 0 else "dt",
@@ -194,7 +203,7 @@ def sort_study(model, cfg, name, levels, size):
 def _sort_chunks(run, size):
     bs = run.cfg.optim.batch_size
     for i in range(math.ceil(size / bs)):
-        yield run.data.eval_batch(jax.random.fold_in(run.eval_key, i), bs)
+        yield run.task.eval_batch(jax.random.fold_in(run.eval_key, i), bs)
 
 
 # ----------------------------------------------------------------------------- output
@@ -308,7 +317,7 @@ def main(argv=None):
     for name, scheme, dt in ((cont, a.scheme, a.dt), ("lie dt=1", "lie", 1.0)):
         cfg = make_config(a.burgers_config, scheme=scheme, dt=dt, n_modes=a.n_modes,
                           steps=a.steps, task={"n_grid": a.grid})  # fmt: skip
-        check_steps(cfg.model.layers, dt)
+        check_steps(cfg.model.n_layers, dt)
         run_dir = out / f"burgers_{scheme}"
         model, info = get_model(cfg, run_dir, a.reuse)
         if x_fine is None:

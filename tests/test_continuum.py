@@ -12,7 +12,7 @@ import torch
 import itde
 import itde_solvers as solvers
 from itde._config import ProblemConfig
-from itde._registry import SCHEMES
+from itde import SCHEMES
 from itde.studies._depth import build_problem
 
 

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from itde.train._loop import Run
-from itde.cli._train import main
-from itde.train._config import ConfigError, TrainExperiment, from_dict, load, to_dict
+from itde.cli import main
+from itde.train import TASKS, ConfigError, Run, TrainExperiment, from_dict, load, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,19 +22,29 @@ def test_shipped_configs_parse_and_sort_is_the_default():
 @pytest.mark.parametrize(
     "body,match",
     [
-        ('[task]\nname = "translate"\n', r"`task.name`='translate' is not a task; choose one of"),
+        ('[task]\nname = "translate"\n', r"`task.name`='translate' is not known; choose one of"),
         ('[task]\nname = "sort"\ncontext = 8\n', r"`task.context` is an option of task 'charlm'"),
         ('[task]\nname = "burgers"\nlength = 8\n', r"`task.length` is an option of task 'sort'"),
         ("[task]\nlenght = 8\n", r"unknown key `task.lenght`"),
         ("[taks]\nname = 'sort'\n", r"unknown key `taks`"),
         ('[task]\nname = "burgers"\nn_grid = 9\n', r"`task.n_grid` must be an even integer"),
-        ('[model]\nscheme = "rk5"\n', r"`model.scheme`='rk5' is not a depth scheme"),
+        ('[model]\nscheme = "rk5"\n', r"`model.scheme`='rk5' is not known; choose .*'rk4'"),
+        ('[model]\nactivation = "tanh"\n', r"`model.activation`='tanh' is not known; choose"),
+        ('[model]\nffn_form = "gated"\n', r"`model.ffn_form`='gated' is not known; choose one of"),
+        ("[model]\ndt = 2.0\n", r"`model.dt`=2.0 is longer than a layer; choose 0 < dt <= 1"),
+        ('[model]\nscheme = "rk4"\ndt = 3.0\n', r"`model.dt`=3.0 is longer than the depth T"),
         ('[model]\nscheme = "rk4"\neps = 1e-5\n', r"`model.eps`=1e-05 must be 0 with the conti"),
         ("[model]\nn_modes = 3\n", r"`model.n_modes` applies to continuous-depth schemes"),
-        ("[model]\nheads = 5\n", r"`model.heads`=5 does not divide `model.width`=32"),
+        ("[model]\nn_heads = 5\n", r"`model.n_heads`=5 does not divide `model.n_features`=32"),
+        ("[model]\nlayers = 3\n", r"`model.layers` was renamed; write `n_layers = 3` in \[model\]"),
+        ("[model]\nwidth = 16\n", r"`model.width` was renamed; write `n_features = 16`"),
+        ("[model]\nheads = 2\n", r"`model.heads` was renamed; write `n_heads = 2`"),
+        ("[model]\nhidden = 8\n", r"`model.hidden` was renamed; write `n_hidden = 8`"),
+        ("[optim]\nseed = -1\n", r"`optim.seed`=-1 must be an integer in \[0, 4294967295\]"),
+        ("[optim]\nseed = 4294967296\n", r"`optim.seed`=4294967296 must be an integer in"),
         ("[optim]\nwarmup = 2000\n", r"`optim.warmup`=2000 must be >= 0 and less than"),
         ("[optim]\nbatch_size = 0\n", r"`optim.batch_size` must be positive"),
-        ('[run]\ndtype = "float16"\n', r"`run.dtype` must be one of \['float32', 'bfloat16'\]"),
+        ('[run]\ndtype = "float16"\n', r"`run.dtype`='float16' is not known; choose one of \['bf"),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path, body, match):
@@ -87,19 +96,37 @@ def test_missing_empty_or_non_utf8_text_is_refused(tmp_path, capsys):
     assert "not valid UTF-8" in capsys.readouterr().err
 
 
-def test_batch_not_divisible_by_devices_is_refused(monkeypatch):
+def test_batch_not_divisible_by_devices_is_refused():
     import jax
 
-    from itde import _train
-
     cfg = from_dict(TrainExperiment, {"optim": {"batch_size": 5}})
-    devices = jax.devices()
-    monkeypatch.setattr(_train, "make_mesh", lambda d=None: _FakeMesh(3))
     with pytest.raises(ValueError, match=r"batch_size`=5 is not divisible by the 3 devices.*"
                        r"multiple of 3 \(e\.g\. 6\)"):  # fmt: skip
-        Run(cfg, devices)
+        Run(cfg, jax.devices()[:1] * 3)  # checked before the mesh is built
 
 
-class _FakeMesh:
-    def __init__(self, size):
-        self.size = size
+def test_choices_come_from_the_registries():
+    from itde import ACTIVATIONS, FFN_FORMS, SCHEMES
+
+    for name in ACTIVATIONS:
+        assert from_dict(TrainExperiment, {"model": {"activation": name}}).model.activation == name
+    for name in FFN_FORMS:
+        assert from_dict(TrainExperiment, {"model": {"ffn_form": name}}).model.ffn_form == name
+    for name in SCHEMES:
+        assert from_dict(TrainExperiment, {"model": {"scheme": name}}).model.scheme == name
+    assert sorted(TASKS) == ["burgers", "charlm", "sort"]
+    for name, cls in TASKS.items():
+        cfg = from_dict(TrainExperiment, {"task": {"name": name}}).task
+        assert cls.name == name and cfg.options() == cls.options
+
+
+def test_config_that_is_a_directory_is_refused(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"is a directory, not a TOML file"):
+        load(TrainExperiment, tmp_path)
+    assert main(["train", "--config", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "does not exist" not in err
+    wrong = tmp_path / "checkpoint.json"
+    wrong.write_text('{"format": 2}')
+    assert main(["train", "--config", str(wrong), "--out", str(tmp_path / "o")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err

@@ -35,7 +35,7 @@ import pytest
 # The run's config, in one place (renamed keys go here).
 CONFIG = {
     "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 8},
-    "model": {"layers": 1, "width": 8, "heads": 2, "hidden": 8},
+    "model": {"n_layers": 1, "n_features": 8, "n_heads": 2, "n_hidden": 8},
     "optim": {"steps": 5, "batch_size": 4, "warmup": 1, "lr": 1e-2},
     "run": {"log_every": 1, "eval_every": 5, "checkpoint_every": 2, "progress": False},
 }
@@ -67,15 +67,15 @@ WORKER = textwrap.dedent(
     stamp("joined")
     import equinox as eqx
     import numpy as np
-    from itde.train._config import TrainExperiment, from_dict
-    from itde.train._loop import train
+    from itde.train import TrainExperiment, from_dict
+    from itde.train import train
     stamp("imported")
     cfg = from_dict(TrainExperiment, a["config"]) if a["config"] else None
     leaves = lambda tree: [np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array)
                            else x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
     if a["mode"] == "restore":  # no training: process 0 writes, both restore
         from itde.train import _checkpoint as ckpt
-        from itde.train._loop import Run
+        from itde.train import Run
         run = Run(cfg)
         for name in ("good", "damaged"):
             directory = os.path.join(a["out"], name)  # process 1's does not exist

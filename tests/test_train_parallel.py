@@ -9,17 +9,17 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import jax, numpy as np, equinox as eqx
     assert len(jax.devices()) == 2, jax.devices()
-    from itde.train._loop import Run, make_step, place
-    from itde.train._model import loss_fn
-    from itde.train._config import TrainExperiment, from_dict
+    from itde.train import Run, TrainExperiment, from_dict, loss_fn, make_step, place
 
     table = {
         "task": {"name": "sort", "length": 6, "vocab": 7, "eval_size": 8},
-        "model": {"layers": 2, "width": 8, "heads": 2, "hidden": 16},
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 16},
         "optim": {"steps": 10, "batch_size": 8, "warmup": 1},
     }
     cfg = from_dict(TrainExperiment, table)
@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent(
         run = Run(cfg, devices=jax.devices()[:n])
         model, opt = run.init_state()
         model, opt = place(model, run.replicated), place(opt, run.replicated)
-        step = make_step(run.optimizer, "sort")
-        grads = eqx.filter_jit(eqx.filter_grad(loss_fn))(model, run.batch(0), "sort")
+        step = make_step(run.optimizer, run.task)
+        grads = eqx.filter_jit(eqx.filter_grad(loss_fn))(model, run.batch(0), run.task)
         losses = []
         for s in range(3):
             batch = run.batch(s)
@@ -65,6 +65,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh JAX process and two compiles of the step: ~40 s of CPU
 def test_sharded_step_equals_single_device_step():
     env = dict(os.environ)
     env["XLA_FLAGS"] = (

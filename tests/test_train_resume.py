@@ -9,20 +9,29 @@ import jax
 import numpy as np
 import pytest
 
-from itde.train import _checkpoint as ckpt
-from itde.train._loop import Run, train
-from itde.train._config import ConfigError, TrainExperiment, from_dict
+from itde.train import (
+    CheckpointError,
+    ConfigError,
+    Run,
+    TrainExperiment,
+    from_dict,
+    load_checkpoint,
+    read_checkpoint_meta,
+    train,
+)
+
+SIDECAR = "checkpoint.json"
 
 TINY = {
     "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},
-    "model": {"layers": 2, "width": 8, "heads": 2, "hidden": 16},
+    "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 16},
     "optim": {"steps": 6, "batch_size": 8, "warmup": 2, "lr": 1e-2},
     "run": {"log_every": 1, "eval_every": 3, "checkpoint_every": 2, "progress": False},
 }
 TINY_RK4 = {
     "task": {"name": "burgers", "n_grid": 8, "n_modes": 2, "eval_size": 8},
-    "model": {"layers": 1, "width": 8, "heads": 2, "hidden": 8, "scheme": "rk4", "dt": 0.5,
-              "activation": "gelu"},
+    "model": {"n_layers": 1, "n_features": 8, "n_heads": 2, "n_hidden": 8, "scheme": "rk4",
+              "dt": 0.5, "activation": "gelu"},
     "optim": {"steps": 5, "batch_size": 4, "warmup": 1},
     "run": {"log_every": 1, "eval_every": 5, "checkpoint_every": 2, "progress": False},
 }  # fmt: skip
@@ -43,22 +52,26 @@ def _losses(path):
     return [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
 
 
-@pytest.mark.parametrize("table", [TINY, TINY_RK4], ids=["lie-sort", "rk4-burgers"])
+@pytest.mark.parametrize(
+    "table",
+    [TINY, pytest.param(TINY_RK4, marks=pytest.mark.slow)],  # rk4: a second, longer compile
+    ids=["lie-sort", "rk4-burgers"],
+)
 def test_killed_and_resumed_run_is_bitwise_equal(tmp_path, table):
     cfg = from_dict(TrainExperiment, table)
     full = train(cfg, out=tmp_path / "full")
     # "killed" after step 3: the last checkpoint is step 2, step 3's progress is lost
     part = train(cfg, out=tmp_path / "part", stop_at=3)
     assert part["step"] == 3
-    assert ckpt.read_meta(tmp_path / "part")["step"] == 2
+    assert read_checkpoint_meta(tmp_path / "part")["step"] == 2
     resumed = train(out=None, resume=tmp_path / "part")  # the checkpoint's own config
     assert resumed["step"] == cfg.optim.steps
     _assert_bitwise(full["model"], resumed["model"])
     _assert_bitwise(full["opt_state"], resumed["opt_state"])
     # the saved final checkpoints are equal too, and so is every logged loss
     run = Run(cfg)
-    a, _ = ckpt.load(tmp_path / "full", run.init_state())
-    b, _ = ckpt.load(tmp_path / "part", run.init_state())
+    a, _ = load_checkpoint(tmp_path / "full", run.init_state())
+    b, _ = load_checkpoint(tmp_path / "part", run.init_state())
     _assert_bitwise(a, b)
     assert _losses(tmp_path / "full" / "metrics.jsonl") == _losses(
         tmp_path / "part" / "metrics.jsonl"
@@ -71,43 +84,42 @@ def test_killed_and_resumed_run_is_bitwise_equal(tmp_path, table):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "run"
-    cfg = from_dict(TrainExperiment, {**TINY, "optim": {**TINY["optim"], "steps": 2, "warmup": 1}})
-    train(cfg, out=out)
+    cfg = from_dict(TrainExperiment, TINY)  # the bitwise test's config: its compiled step
+    train(cfg, out=out, stop_at=2)
     return cfg, out
 
 
 def test_resume_with_other_model_config_is_refused(trained, tmp_path):
     cfg, out = trained
-    table = {**TINY, "model": {**TINY["model"], "width": 16}}
+    table = {**TINY, "model": {**TINY["model"], "n_features": 16}}
     other = from_dict(TrainExperiment, table, "other.toml")
-    with pytest.raises(ConfigError, match=r"other\.toml.*model\.width"):
+    with pytest.raises(ConfigError, match=r"other\.toml.*model\.n_features"):
         train(other, resume=out, source="other.toml", out=tmp_path)
     # a change of logging cadence only is allowed
-    again = from_dict(TrainExperiment, {**TINY, "optim": {**TINY["optim"], "steps": 2, "warmup": 1},
-                                        "run": {**TINY["run"], "log_every": 2}})  # fmt: skip
-    assert train(again, resume=out, out=tmp_path / "ok")["step"] == 2
+    again = from_dict(TrainExperiment, {**TINY, "run": {**TINY["run"], "log_every": 2}})
+    assert train(again, resume=out, out=tmp_path / "ok")["step"] == TINY["optim"]["steps"]
 
 
 def test_checkpoint_of_another_shape_is_refused(trained):
     cfg, out = trained
-    table = {**TINY, "model": {**TINY["model"], "hidden": 24}}
+    table = {**TINY, "model": {**TINY["model"], "n_hidden": 24}}
     template = Run(from_dict(TrainExperiment, table)).init_state()
     match = r"another model: 9 leaves differ, e\.g\. .*feedforward\.b1: \[\[2, 16\].*\[\[2, 24\]"
-    with pytest.raises(ckpt.CheckpointError, match=match):
-        ckpt.load(out, template)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(out, template)
 
 
 def test_truncated_checkpoint_is_refused(trained, tmp_path):
     _, out = trained
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
-    meta = ckpt.read_meta(bad)
+    meta = read_checkpoint_meta(bad)
     state = bad / meta["leaves"]
     state.write_bytes(state.read_bytes()[:-10])
-    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+    with pytest.raises(CheckpointError, match="truncated"):
         train(resume=bad)
     state.write_bytes(b"")
-    with pytest.raises(ckpt.CheckpointError, match="truncated"):
+    with pytest.raises(CheckpointError, match="truncated"):
         train(resume=bad)
 
 
@@ -115,22 +127,22 @@ def test_corrupted_or_missing_checkpoint_is_refused(trained, tmp_path):
     _, out = trained
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
-    meta = ckpt.read_meta(bad)
+    meta = read_checkpoint_meta(bad)
     raw = bytearray((bad / meta["leaves"]).read_bytes())
     raw[-1] ^= 0xFF
     (bad / meta["leaves"]).write_bytes(bytes(raw))
-    with pytest.raises(ckpt.CheckpointError, match="SHA-256"):
+    with pytest.raises(CheckpointError, match="SHA-256"):
         train(resume=bad)
     (bad / meta["leaves"]).unlink()
-    with pytest.raises(ckpt.CheckpointError, match="is missing"):
+    with pytest.raises(CheckpointError, match="is missing"):
         train(resume=bad)
-    (bad / ckpt.SIDECAR).write_text("{not json")
-    with pytest.raises(ckpt.CheckpointError, match="not valid JSON"):
+    (bad / SIDECAR).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
         train(resume=bad)
-    (bad / ckpt.SIDECAR).unlink()
-    with pytest.raises(ckpt.CheckpointError, match="holds no checkpoint"):
+    (bad / SIDECAR).unlink()
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
         train(resume=bad)
-    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         train(resume=tmp_path / "nowhere")
 
 
@@ -138,23 +150,23 @@ def test_checkpoint_of_another_data_stream_is_refused(trained, tmp_path):
     _, out = trained
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
-    meta = json.loads((bad / ckpt.SIDECAR).read_text())
+    meta = json.loads((bad / SIDECAR).read_text())
     meta["data_key"][0] += 1
-    (bad / ckpt.SIDECAR).write_text(json.dumps(meta))
-    with pytest.raises(ckpt.CheckpointError, match="data_key"):
+    (bad / SIDECAR).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="data_key"):
         train(resume=bad)
 
 
 def test_training_into_a_checkpointed_directory_is_refused(trained):
     cfg, out = trained
-    with pytest.raises(ckpt.CheckpointError, match=r"already holds a checkpoint.*--resume"):
+    with pytest.raises(CheckpointError, match=r"already holds a checkpoint.*--resume"):
         train(cfg, out=out)
 
 
 def test_sidecar_records_what_a_resume_needs(trained):
     cfg, out = trained
-    meta = ckpt.read_meta(out)
-    assert meta["step"] == 2 and meta["config"]["model"]["width"] == 8
+    meta = read_checkpoint_meta(out)
+    assert meta["step"] == 2 and meta["config"]["model"]["n_features"] == 8
     assert {"jax", "equinox", "optax", "diffrax", "itde"} <= set(meta["versions"])
     assert meta["shapes"]["[0].embedding"] == [[6, 8], "float32"]
     assert meta["data_key_impl"] and len(meta["data_key"]) == 2

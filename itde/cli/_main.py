@@ -42,6 +42,7 @@ def cmd_solve(args) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     from itde_solvers import LieTrotter
 
     from .._operators._layernorm import feature_mean

@@ -1,8 +1,8 @@
 """The `itde train`, `itde eval` and `itde sample` commands.
 
-Hook into `itde/_cli.py`'s `main` with `add_train_commands(sub)` after the other
-sub-parsers. Errors a user can fix (a bad config, a bad checkpoint, a bad data file, a
-batch size the devices do not divide) are printed as one line and exit with status 2.
+`itde.cli.main` adds them with `add_train_commands(sub)` after the other sub-parsers.
+Errors a user can fix (a bad config, a bad checkpoint, a bad data file, a batch size the
+devices do not divide) are printed as one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..train._config import ConfigError
 
 
 def _load_config(path):
-    from ..train._config import TrainExperiment, load
+    from ..train import TrainExperiment, load
 
     if path is None:
         return None, "<built-in default>"
@@ -22,9 +22,15 @@ def _load_config(path):
 
 
 def cmd_train(args) -> int:
-    from ..train._config import TrainExperiment
-    from ..train._loop import train
+    from pathlib import Path
 
+    from ..train import TrainExperiment, train
+
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(
+            f"`--out`={args.out!r} is an existing file, not a directory; give a directory "
+            "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
+        )
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is None:
         cfg = TrainExperiment()
@@ -40,52 +46,73 @@ def cmd_train(args) -> int:
 
 
 def _restore(directory):
-    from ..train._checkpoint import read_meta
-    from ..train._config import TrainExperiment, from_dict
-    from ..train._loop import Run
+    """The run, model and sidecar of a checkpoint, for evaluation and sampling: the task is
+    rebuilt from the checkpoint (no data file is read)."""
+    from ..train import TASKS, Run, TrainExperiment, from_dict, read_checkpoint_meta
 
-    meta = read_meta(directory)
+    meta = read_checkpoint_meta(directory)
     cfg = from_dict(TrainExperiment, meta["config"], f"{directory}/checkpoint.json")
-    run = Run(cfg)
+    task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
+    run = Run(cfg, task=task)
     model, _, meta = run.restore(directory, meta)
     return run, model, meta
 
 
 def cmd_eval(args) -> int:
-    from ..train._data import TaskData, evaluate
-    from ..train._model import with_depth
+    from ..train import evaluate, with_depth
 
+    if args.size is not None and args.size < 1:
+        raise ValueError(
+            f"`--size`={args.size} must be a positive number of held-out examples (default: "
+            "the checkpoint's [task] eval_size)"
+        )
     run, model, meta = _restore(args.checkpoint)
-    cfg = run.cfg
-    model = with_depth(model, args.solver, args.dt)
-    data = run.data
-    if args.grid is not None:
-        if cfg.task.name != "burgers":
-            raise ValueError("`--grid` applies to the burgers task (the token grid on [0, 2π)).")
-        data = TaskData(cfg.task, n_grid=args.grid)
-    chunks = run.eval_chunks(args.size, data)
-    metrics = evaluate(model, chunks, cfg.task.name, run.compute_dtype)
-    n_grid = args.grid or (cfg.task.n_grid if cfg.task.name == "burgers" else None)
+    model = with_depth(model, args.solver, args.dt, name="--dt")
+    task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
+    chunks = run.eval_chunks(args.size, task)
+    metrics = evaluate(model, chunks, task, run.compute_dtype)
     row = {"step": meta["step"], "scheme": model.scheme, "dt": model.dt,
            "examples": sum(c[0].shape[0] for c in chunks), **metrics}  # fmt: skip
-    if n_grid is not None:
-        row["grid"] = n_grid
+    if task.grid_size is not None:
+        row["grid"] = task.grid_size
     print(json.dumps(row))
     return 0
 
 
 def cmd_sample(args) -> int:
-    from ..train._sample import sample
+    """Print the prompt, then the generated characters chunk by chunk as they are drawn
+    (flushed), so a long run shows progress and Ctrl-C keeps what was printed."""
+    from .. import train as tr
+    from .._config import SEED_MAX
 
+    if not 0 <= args.seed <= SEED_MAX:
+        raise ValueError(f"`--seed`={args.seed} must be an integer in [0, {SEED_MAX}]")
+    if args.length < 0:
+        raise ValueError(f"`--length`={args.length} must be a non-negative number of characters")
     run, model, meta = _restore(args.checkpoint)
-    if run.cfg.task.name != "charlm":
+    if not run.task.can_sample:
         raise ValueError(
-            f"`itde sample` needs a charlm checkpoint; {args.checkpoint!r} was trained on "
-            f"task {run.cfg.task.name!r}."
+            f"`itde sample` needs a checkpoint of a text task (charlm); {args.checkpoint!r} "
+            f"was trained on task {run.task.name!r}."
         )
-    text = sample(model, meta["task"]["itos"], args.prompt, args.length,
-                  temperature=args.temperature, seed=args.seed)  # fmt: skip
-    print(text)
+    stream = tr.sample_stream(model, run.task.itos, args.prompt, args.length,
+                              temperature=args.temperature, seed=args.seed)  # fmt: skip
+    written = 0
+    try:
+        first = next(stream, "")  # checks the arguments before anything is printed
+        sys.stdout.write(args.prompt + first)
+        sys.stdout.flush()
+        written += len(first)
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            written += len(piece)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(f"itde sample: interrupted after {written} characters", file=sys.stderr)
+        return 130
+    sys.stdout.write("\n")
     return 0
 
 
@@ -107,17 +134,21 @@ def add_train_commands(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint, optionally with another depth "
                        "scheme / step or (burgers) token grid")  # fmt: skip
     p.add_argument("--checkpoint", required=True, metavar="DIR")
-    p.add_argument("--dt", type=float, help="depth step (default: the training one)")
-    p.add_argument("--solver", help="depth scheme: 'lie' or a name of itde._registry.SCHEMES")
+    p.add_argument("--dt", type=float, help="depth step, 0 < dt <= one layer ('lie') or the "
+                   "depth (default: the training one)")  # fmt: skip
+    p.add_argument("--solver", help="depth scheme: 'lie' (per-layer models) or a continuous "
+                   "one, e.g. rk4, heun, strang (the schemes of `itde converge`)")  # fmt: skip
     p.add_argument("--grid", type=int, help="burgers: grid points N of the token domain")
-    p.add_argument("--size", type=int, help="held-out examples (default [task].eval_size)")
+    p.add_argument("--size", type=int, help="held-out examples, > 0, rounded up to whole "
+                   "batches (default [task].eval_size)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_eval))
     p = sub.add_parser("sample", help="generate text from a charlm checkpoint")
     p.add_argument("--checkpoint", required=True, metavar="DIR")
     p.add_argument("--prompt", default="", help="text to continue (characters of the corpus)")
-    p.add_argument("--length", type=int, default=200, help="characters to generate")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length", type=int, default=200, help="characters to generate (printed "
+                   "as they are drawn)")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=1.0, help=">= 0; 0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed in [0, 2**32 - 1]")
     p.set_defaults(func=_guard(cmd_sample))
 
 
@@ -125,7 +156,7 @@ def _guard(fn):
     """Report user-fixable errors as one line on stderr with exit status 2."""
 
     def wrapped(args) -> int:
-        from ..train._checkpoint import CheckpointError
+        from ..train import CheckpointError
 
         try:
             return fn(args)
@@ -136,22 +167,3 @@ def _guard(fn):
             return 2
 
     return wrapped
-
-
-def main(argv: list[str] | None = None) -> int:
-    """A stand-alone entry point with only the training commands (for tests and scripts)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="itde")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_commands(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ConfigError as e:
-        print(f"itde: config error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -235,11 +235,12 @@ class BurgersTask(eqx.Module):
         """The returned grid points $x_j = 2\\pi j / n_{\\text{grid}}$."""
         return 2 * np.pi * np.arange(self.n_grid) / self.n_grid
 
-    def initial_condition(self, key: PRNGKeyArray) -> Float[Array, " n_solve"]:
+    def initial_condition(self, key: PRNGKeyArray, dtype=None) -> Float[Array, " n_solve"]:
         """One random initial condition on the solve grid (`n_solve` points), scaled so that
         its maximum over the returned grid (every `oversample`-th point) is `amplitude`.
-        Its dtype is the default float (float64 under `jax_enable_x64`)."""
-        dtype = jnp.asarray(0.0).dtype
+        Its dtype is `dtype`, by default the default float (float64 under
+        `jax_enable_x64`)."""
+        dtype = jnp.asarray(0.0).dtype if dtype is None else jnp.dtype(dtype)
         ab = jax.random.normal(key, (2, self.n_modes), dtype)
         k = jnp.arange(1, self.n_modes + 1, dtype=dtype)
         x = 2 * jnp.pi * jnp.arange(self.n_solve, dtype=dtype) / self.n_solve
@@ -248,16 +249,18 @@ class BurgersTask(eqx.Module):
         s = jnp.sum(weight * (ab[0, :, None] * jnp.cos(phase) + ab[1, :, None] * jnp.sin(phase)), 0)
         return self.amplitude * s / jnp.max(jnp.abs(s[:: self.oversample]))
 
-    def example(self, key: PRNGKeyArray) -> tuple[Float[Array, " n_grid"], Float[Array, " n_grid"]]:
+    def example(
+        self, key: PRNGKeyArray, dtype=None
+    ) -> tuple[Float[Array, " n_grid"], Float[Array, " n_grid"]]:
         """One pair `(u0, uT)` on the returned grid; [`BurgersTask.sample`][] is its vmap."""
-        u0 = self.initial_condition(key)
+        u0 = self.initial_condition(key, dtype)
         uT = _solve(
             u0, jnp.asarray(self.nu, u0.dtype), jnp.asarray(self.t_final, u0.dtype), self.n_steps
         )
         return u0[:: self.oversample], uT[:: self.oversample]
 
     def sample(
-        self, key: PRNGKeyArray, batch: int
+        self, key: PRNGKeyArray, batch: int, dtype=None
     ) -> tuple[Float[Array, "batch n_grid"], Float[Array, "batch n_grid"]]:
         """A batch of pairs `(u0, uT)`, deterministic in `key`.
 
@@ -265,15 +268,19 @@ class BurgersTask(eqx.Module):
 
         - `key`: a `jax.random` key; split it for independent batches.
         - `batch`: number of pairs, a positive integer.
+        - `dtype`: the floating dtype of the data and of the solve, e.g. `jnp.float32`
+          (default: the default float, float64 under `jax_enable_x64`).
 
         **Returns:**
 
         `(u0, uT)`, each of shape `[batch, n_grid]`.
         """
         batch = _check_count(batch, "batch")
-        return _sample(self, key, batch)
+        if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"`dtype`={dtype!r} must be a floating dtype, e.g. jnp.float32.")
+        return _sample(self, key, batch, None if dtype is None else jnp.dtype(dtype).name)
 
 
 @eqx.filter_jit
-def _sample(task: BurgersTask, key, batch: int):
-    return jax.vmap(task.example)(jax.random.split(key, batch))
+def _sample(task: BurgersTask, key, batch: int, dtype: str | None):
+    return jax.vmap(lambda k: task.example(k, dtype))(jax.random.split(key, batch))

@@ -2,7 +2,8 @@
 
 A checkpoint directory holds
 
-- `state-<step>.eqx`: `eqx.tree_serialise_leaves((model, opt_state))` (no pickle);
+- `state-<step>.eqx`: `eqx.tree_serialise_leaves((step, model, opt_state))` (no pickle),
+  so the state file records its own step;
 - `checkpoint.json`: the sidecar — format, step, the name, size and SHA-256 of the leaves
   file, the config dict, the data-stream key, package versions, the shape and dtype of
   every array leaf, and task metadata (e.g. a character vocabulary).
@@ -21,17 +22,17 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 import equinox as eqx
 import jax
 import numpy as np
 
+from .._io import atomic_write
+
 SIDECAR = "checkpoint.json"
-FORMAT = 1
+FORMAT = 2  # 2: the state file begins with its own step (format 1 did not record it)
 
 
 class CheckpointError(ValueError):
@@ -54,32 +55,6 @@ def shapes(tree) -> dict[str, list]:
     return {
         jax.tree_util.keystr(p): [list(a.shape), str(a.dtype)] for p, a in leaves if a is not None
     }
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem / OS supports it
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call `write(binary_file)` on a temporary file next to `path`, fsync, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _host(x):
@@ -112,7 +87,8 @@ def save(directory: str | Path, step: int, state, meta: dict) -> Path:
             size += len(b)
             return self.f.write(b)
 
-    atomic_write(directory / name, lambda f: eqx.tree_serialise_leaves(_Hashing(f), host_state))
+    leaves = (np.asarray(step, np.int64), host_state)
+    atomic_write(directory / name, lambda f: eqx.tree_serialise_leaves(_Hashing(f), leaves))
     sidecar = dict(meta)
     sidecar.update(
         format=FORMAT,
@@ -136,6 +112,11 @@ def read_meta(directory: str | Path) -> dict:
     """The sidecar of a checkpoint directory, checked for the fields a resume needs."""
     directory = Path(directory)
     path = directory / SIDECAR
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} is a file, not a checkpoint directory; give the "
+            f"`out` directory of an `itde train` run (the directory holding {SIDECAR})"
+        )
     if not directory.is_dir():
         raise CheckpointError(
             f"checkpoint directory {str(directory)!r} does not exist; give the `out` directory "
@@ -151,6 +132,14 @@ def read_meta(directory: str | Path) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{str(path)!r} is not valid JSON ({e}); the sidecar is damaged")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{str(path)!r} is not an itde checkpoint sidecar (not an object)")
+    if isinstance(meta.get("format"), int) and meta["format"] < FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} is a format-{meta['format']} checkpoint of an earlier itde; this "
+            f"version reads format {FORMAT} (the state file records its own step). Evaluate or "
+            "resume it with the itde that wrote it, or train again"
+        )
     missing = [k for k in ("format", "step", "leaves", "bytes", "sha256", "config", "shapes")
                if k not in meta]  # fmt: skip
     if missing or meta.get("format") != FORMAT:
@@ -214,5 +203,14 @@ def load(directory: str | Path, template, meta: dict | None = None, raw: bytes |
         )
     import io
 
-    state = eqx.tree_deserialise_leaves(io.BytesIO(raw), template)
+    step, state = eqx.tree_deserialise_leaves(
+        io.BytesIO(raw), (np.zeros((), np.int64), template)
+    )
+    if int(step) != meta["step"]:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r}: the state file {meta['leaves']!r} holds step "
+            f"{int(step)} but {SIDECAR} says step {meta['step']!r}; the sidecar was edited or "
+            f"mixed with another run's state file. Set \"step\": {int(step)} in {SIDECAR} if "
+            "that state file is the one to resume, or resume another checkpoint"
+        )
     return state, meta

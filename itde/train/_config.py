@@ -1,48 +1,47 @@
 """Typed configuration of `itde train`: the `[task]`, `[model]`, `[optim]` and `[run]` tables.
 
-Built on `itde._config` (frozen dataclasses, `load` / `from_dict`, `ConfigError` naming the
-key and the file). Every task-specific key of `[task]` defaults to `None` and is filled
-with the task's default; a key that belongs to another task is an error rather than being
-silently ignored.
+Built on the generic TOML loader of `itde` (frozen dataclasses; an unknown key, a wrong
+type or an impossible value is a `ConfigError` naming the key and the file). Names are
+checked against the registries: `task.name` against [`TASKS`][itde.train.TASKS],
+`model.activation`, `model.ffn_form` and `model.scheme` against `itde`'s registries of
+activations, feed-forward forms and depth schemes. The `[model]` keys are those of
+`itde solve`'s `[model]` table (`n_layers`, `n_features`, `n_heads`, `n_hidden`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
+from pathlib import Path
 from typing import Any
 
-from .._config import ConfigError, from_dict, load, positive
+from .. import _config
+from .._config import ConfigError, choices, positive, seed
+from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
 
 __all__ = [
-    "TASKS",
+    "COMPUTE_DTYPES",
     "ConfigError",
-    "ModelTable",
-    "OptimTable",
-    "RunTable",
-    "TaskTable",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TaskConfig",
     "TrainExperiment",
     "from_dict",
     "load",
     "to_dict",
 ]
 
-TASKS = ("sort", "burgers", "charlm")
+#: The compute dtypes of `[run] dtype`: the name and the dtype the forward and backward
+#: passes run in (None = the parameters' own, float32).
+COMPUTE_DTYPES: dict[str, Any] = {"float32": None, "bfloat16": "bfloat16"}
 
-# The options of each task and their defaults (None in the dataclass = "use the default").
-TASK_OPTIONS: dict[str, dict[str, Any]] = {
-    "sort": {"length": 8, "vocab": 10},
-    "burgers": {
-        "n_grid": 64,
-        "nu": 0.05,
-        "t_final": 1.0,
-        "n_modes": 4,
-        "decay": 1.0,
-        "amplitude": 1.0,
-        "oversample": 4,
-    },
-    "charlm": {"text_path": "", "context": 64, "val_fraction": 0.1},
+#: Keys of earlier versions of the `[model]` table and the key that replaced each.
+RENAMED: dict[str, str] = {
+    "model.layers": "model.n_layers",
+    "model.width": "model.n_features",
+    "model.heads": "model.n_heads",
+    "model.hidden": "model.n_hidden",
 }
 
 
@@ -51,16 +50,19 @@ def _set(obj, name: str, value) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskTable:
+class TaskConfig:
     """What is learnt (the `[task]` table).
 
-    - `name`: `"sort"` (sort `length` digits from `{0..vocab-1}`), `"burgers"` (the
-      solution operator $u_0 \\mapsto u(t_f)$ of periodic viscous Burgers on `n_grid`
-      points; `nu`, `t_final`, `n_modes`, `decay`, `amplitude`, `oversample` as in
-      `itde.data.BurgersTask`) or `"charlm"` (next-character prediction on `text_path`,
-      empty = the built-in tiny text, windows of `context` characters, the last
-      `val_fraction` held out).
+    - `name`: a key of [`TASKS`][itde.train.TASKS]: `"sort"` (sort `length` digits from
+      `{0..vocab-1}`), `"burgers"` (the solution operator $u_0 \\mapsto u(t_f)$ of
+      periodic viscous Burgers on `n_grid` points; `nu`, `t_final`, `n_modes`, `decay`,
+      `amplitude`, `oversample` as in `itde.data.BurgersTask`) or `"charlm"`
+      (next-character prediction on `text_path`, empty = the built-in tiny text, windows
+      of `context` characters, the last `val_fraction` held out).
     - `eval_size`: held-out examples per evaluation (rounded up to whole batches).
+
+    Every task-specific key defaults to `None` and is filled with the task's default
+    (`TASKS[name].options`); a key of another task is an error, not silently ignored.
     """
 
     name: str = "sort"
@@ -82,14 +84,14 @@ class TaskTable:
     val_fraction: float | None = None
 
     def __post_init__(self):
-        if self.name not in TASKS:
-            raise ConfigError(
-                f"`task.name`={self.name!r} is not a task; choose one of {list(TASKS)}"
-            )
+        from ._tasks import TASKS
+
+        choices("task.name", self.name, TASKS)
         positive("task.eval_size", self.eval_size)
-        mine = TASK_OPTIONS[self.name]
-        for other, options in TASK_OPTIONS.items():
-            for key in options:
+        task = TASKS[self.name]
+        mine = task.options
+        for other, cls in TASKS.items():
+            for key in cls.options:
                 if key not in mine and getattr(self, key) is not None:
                     raise ConfigError(
                         f"`task.{key}` is an option of task {other!r}, not of task "
@@ -98,72 +100,63 @@ class TaskTable:
         for key, default in mine.items():
             if getattr(self, key) is None:
                 _set(self, key, default)
-        if self.name == "sort":
-            for key in ("length", "vocab"):
-                if getattr(self, key) < 2:
-                    raise ConfigError(f"`task.{key}` must be >= 2, got {getattr(self, key)}")
-        elif self.name == "burgers":
-            if self.n_grid < 8 or self.n_grid % 2:
-                raise ConfigError(f"`task.n_grid` must be an even integer >= 8, got {self.n_grid}")
-            for key in ("nu", "t_final", "n_modes", "amplitude", "oversample"):
-                positive(f"task.{key}", getattr(self, key))
-            if 3 * self.n_modes >= self.n_grid:
-                raise ConfigError(
-                    f"`task.n_modes`={self.n_modes} must satisfy 3 * n_modes < n_grid={self.n_grid}"
-                )
-        else:
-            positive("task.context", self.context)
-            if not (math.isfinite(self.val_fraction) and 0 < self.val_fraction < 1):
-                raise ConfigError(
-                    f"`task.val_fraction` must be in (0, 1), got {self.val_fraction!r}"
-                )
+        task.check_options(self)
 
     def options(self) -> dict[str, Any]:
         """The resolved options of the chosen task."""
-        return {k: getattr(self, k) for k in TASK_OPTIONS[self.name]}
+        from ._tasks import TASKS
+
+        return {k: getattr(self, k) for k in TASKS[self.name].options}
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelTable:
+class ModelConfig:
     """The model (the `[model]` table): embedding, the Transformer IDE, a linear readout.
 
-    - `layers`: the number of layers, i.e. the depth $T$ (with a continuous scheme, the
+    - `n_layers`: the number of layers, i.e. the depth $T$ (with a continuous scheme the
       depth interval $[0, T]$ is integrated with step `dt`).
-    - `width`, `heads`, `hidden`: model width $d$, attention heads, feed-forward width.
-    - `activation`, `ffn_form`: as in `itde.TransformerIDE.init`.
+    - `n_features`, `n_heads`, `n_hidden`: model width $d$, attention heads, feed-forward
+      width (the keys of `itde solve`'s `[model]` table).
+    - `activation`, `ffn_form`: as in `itde.TransformerIDE.init` (`"relu"`, `"gelu"`,
+      `"gelu_tanh"`; `"residual"`, `"relaxation"`).
     - `scheme`: `"lie"` — the Transformer regime: per-layer (piecewise-constant) controls
       and the paper's Lie splitting, one layer per step of `dt` (1 = one post-LN block per
-      layer) — or a continuous-depth scheme of `itde._registry.SCHEMES` (`"rk4"`,
-      `"strang"`, `"heun"`, ...) with controls smooth in depth (`LegendreControls`,
-      `n_modes` Legendre modes per parameter).
+      layer) — or another depth scheme of `itde converge` (`"rk4"`, `"strang"`,
+      `"heun"`, ...) with controls smooth in depth (`itde.LegendreControls`, `n_modes`
+      Legendre modes per parameter).
+    - `dt`: the depth step; at most one layer (`"lie"`) or the depth $T$ (continuous).
     - `eps`: the LayerNorm $\\varepsilon$ (default 1e-5 for `"lie"`; a continuous scheme
       needs the exact projection, `eps = 0`, its default).
     """
 
-    layers: int = 2
-    width: int = 32
-    heads: int = 4
-    hidden: int = 64
-    activation: typing.Literal["relu", "gelu", "gelu_tanh"] = "relu"
-    ffn_form: typing.Literal["residual", "relaxation"] = "residual"
+    n_layers: int = 2
+    n_features: int = 32
+    n_heads: int = 4
+    n_hidden: int = 64
+    activation: str = "relu"
+    ffn_form: str = "residual"
     scheme: str = "lie"
     dt: float = 1.0
     n_modes: int | None = None
     eps: float | None = None
 
     def __post_init__(self):
-        from .._registry import SCHEMES
-
-        for name in ("layers", "width", "heads", "hidden", "dt"):
+        for name in ("n_layers", "n_features", "n_heads", "n_hidden", "dt"):
             positive(f"model.{name}", getattr(self, name))
-        if self.width % self.heads:
+        if self.n_features % self.n_heads:
             raise ConfigError(
-                f"`model.heads`={self.heads} does not divide `model.width`={self.width}"
+                f"`model.n_heads`={self.n_heads} does not divide `model.n_features`="
+                f"{self.n_features}"
             )
-        if self.scheme != "lie" and self.scheme not in SCHEMES:
+        choices("model.activation", self.activation, ACTIVATIONS)
+        choices("model.ffn_form", self.ffn_form, FFN_FORMS)
+        choices("model.scheme", self.scheme, SCHEMES)
+        limit = float(self.n_layers) if self.continuous else 1.0
+        if self.dt > limit:
             raise ConfigError(
-                f"`model.scheme`={self.scheme!r} is not a depth scheme; choose 'lie' (the "
-                f"Transformer regime) or a continuous scheme from {sorted(set(SCHEMES) - {'lie'})}"
+                f"`model.dt`={self.dt} is longer than "
+                + (f"the depth T = n_layers = {self.n_layers}" if self.continuous else "a layer")
+                + f"; choose 0 < dt <= {limit:g}"
             )
         if self.continuous:
             if self.n_modes is None:
@@ -189,15 +182,16 @@ class ModelTable:
 
     @property
     def continuous(self) -> bool:
+        """Whether the model has controls smooth in depth (any scheme but `"lie"`)."""
         return self.scheme != "lie"
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimTable:
+class OptimConfig:
     """The optimiser (the `[optim]` table): `clip_by_global_norm(clip_norm)` then AdamW
     with a linear warm-up over `warmup` steps to `lr` and a cosine decay to
-    `lr * final_lr_ratio` at `steps`; `batch_size` examples a step; `seed` sets the
-    initialisation and the data stream."""
+    `lr * final_lr_ratio` at `steps`; `batch_size` examples a step; `seed` (an integer in
+    $[0, 2^{32} - 1]$) sets the initialisation and the data stream."""
 
     lr: float = 3e-3
     warmup: int = 100
@@ -213,6 +207,7 @@ class OptimTable:
     def __post_init__(self):
         for name in ("lr", "clip_norm", "batch_size", "steps"):
             positive(f"optim.{name}", getattr(self, name))
+        seed("optim.seed", self.seed)
         if not 0 <= self.warmup < self.steps:
             raise ConfigError(
                 f"`optim.warmup`={self.warmup} must be >= 0 and less than `optim.steps`="
@@ -229,33 +224,35 @@ class OptimTable:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunTable:
+class RunConfig:
     """Bookkeeping (the `[run]` table): log, evaluate and checkpoint every so many steps
-    (and always at the last step), the compute dtype (`"bfloat16"` casts parameters and
-    activations for the forward and backward passes and keeps float32 master parameters
-    and optimiser state), the output directory (empty: `runs/<task name>`) and the
-    progress bar. The defaults of every table are `configs/sort.toml`'s."""
+    (and always at the last step), the compute `dtype` (`"float32"` or `"bfloat16"`:
+    bfloat16 casts parameters and activations for the forward and backward passes and
+    keeps float32 master parameters and optimiser state), the output directory (empty:
+    `runs/<task name>`) and the progress bar. The defaults of every table are
+    `configs/sort.toml`'s."""
 
     log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 500
-    dtype: typing.Literal["float32", "bfloat16"] = "float32"
+    dtype: str = "float32"
     out: str = ""
     progress: bool = True
 
     def __post_init__(self):
         for name in ("log_every", "eval_every", "checkpoint_every"):
             positive(f"run.{name}", getattr(self, name))
+        choices("run.dtype", self.dtype, COMPUTE_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainExperiment:
-    """The config of `itde train`."""
+    """The config of `itde train`: `task`, `model`, `optim` and `run` tables."""
 
-    task: TaskTable = dataclasses.field(default_factory=TaskTable)
-    model: ModelTable = dataclasses.field(default_factory=ModelTable)
-    optim: OptimTable = dataclasses.field(default_factory=OptimTable)
-    run: RunTable = dataclasses.field(default_factory=RunTable)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
 
 # Keys that may differ between a checkpoint and a resumed run: they do not change the
@@ -263,6 +260,45 @@ class TrainExperiment:
 RESUMABLE_KEYS = frozenset(
     {"run.log_every", "run.eval_every", "run.checkpoint_every", "run.out", "run.progress"}
 )
+
+
+def _check_renamed(table: dict, source: str) -> None:
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        sub = table.get(section)
+        if isinstance(sub, dict) and key in sub:
+            raise ConfigError(
+                f"{source}: `{old}` was renamed; write `{new.split('.')[1]} = {sub[key]!r}` in "
+                f"[{section}] (the `{new}` key, as in `itde solve`'s [model] table)"
+            )
+
+
+def from_dict(cls: type, table: dict, source: str = "<dict>"):
+    """Build a config dataclass (e.g. `TrainExperiment`) from a nested dict, naming
+    `source` in every error; a key of an earlier version names the key that replaced it."""
+    if cls is TrainExperiment and isinstance(table, dict):
+        _check_renamed(table, source)
+    return _config.from_dict(cls, table, source)
+
+
+def load(cls: type, path: str | Path):
+    """Read a TOML file into the config dataclass `cls` (e.g. `TrainExperiment`)."""
+    import tomllib
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"config {str(path)!r} is a directory, not a TOML file; give --config PATH to a "
+            "file such as configs/sort.toml"
+        )
+    if cls is TrainExperiment and path.is_file():
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            table = None  # `itde`'s loader reports it
+        if table is not None:
+            _check_renamed(table, str(path))
+    return _config.load(cls, path)
 
 
 def to_dict(cfg) -> dict:

@@ -51,11 +51,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._operators._layernorm import LayerNormProjection
 from . import _checkpoint as ckpt
 from . import _distributed as dist
-from ._config import RESUMABLE_KEYS, ConfigError, TrainExperiment, differences, to_dict
-from ._data import TaskData, evaluate
-from ._model import build_model, loss_fn
+from ._config import (
+    COMPUTE_DTYPES,
+    RESUMABLE_KEYS,
+    ConfigError,
+    TrainExperiment,
+    differences,
+    from_dict,
+    to_dict,
+)
+from ._evaluate import evaluate
+from ._model import loss_fn
+from ._tasks import TASKS
 
-COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 _ERRORS = (ckpt.CheckpointError, ConfigError)  # raised again on every process of a run
 _DECAYED = ("wq", "wk", "wv", "wo", "w1", "w2", "embedding", "position", "readout", "lift")
 
@@ -111,7 +119,7 @@ def make_optimizer(o) -> optax.GradientTransformation:
 
 
 @eqx.filter_jit
-def train_step(model, opt_state, batch, optimizer, task: str, compute_dtype=None):
+def train_step(model, opt_state, batch, optimizer, task, compute_dtype=None):
     """One step of `optimizer` on the loss of `batch`: `(model, opt_state, loss)`.
 
     Pure in `(model, opt_state, batch)`; `optimizer`, `task` and `compute_dtype` are
@@ -122,8 +130,16 @@ def train_step(model, opt_state, batch, optimizer, task: str, compute_dtype=None
     return eqx.apply_updates(model, updates), opt_state, loss
 
 
-def make_step(optimizer: optax.GradientTransformation, task: str, compute_dtype=None):
-    """The training step as a function of `(model, opt_state, batch)` only."""
+def make_step(optimizer: optax.GradientTransformation, task, compute_dtype=None):
+    """The training step as a function of `(model, opt_state, batch)` only.
+
+    **Arguments:**
+
+    - `optimizer`: an `optax.GradientTransformation`, e.g. `Run(cfg).optimizer`.
+    - `task`: the task, an instance of a class of [`TASKS`][itde.train.TASKS] (its `loss`).
+    - `compute_dtype`: e.g. `jnp.bfloat16` for the forward and backward passes (default:
+      the parameters' dtype).
+    """
     return functools.partial(
         train_step, optimizer=optimizer, task=task, compute_dtype=compute_dtype
     )
@@ -136,8 +152,8 @@ def make_mesh(devices=None) -> Mesh:
     return Mesh(np.asarray(devices), ("batch",))
 
 
-def check_batch(batch_size: int, mesh: Mesh, what: str = "`optim.batch_size`") -> None:
-    n = mesh.size
+def check_batch(batch_size: int, n: int, what: str = "`optim.batch_size`") -> None:
+    """Raise unless `batch_size` is a multiple of the `n` devices of the mesh."""
     if batch_size % n:
         up = -(-batch_size // n) * n
         raise ValueError(
@@ -169,26 +185,38 @@ def place(tree, sharding: NamedSharding):
 
 # ----------------------------------------------------------------------- the run
 class Run:
-    """Everything a run needs, built from a config: data, model template, optimiser,
-    keys, mesh. Used by `train`, and by `eval` / `sample` to rebuild a checkpoint."""
+    """Everything a run needs, built from a config: the task (data, model, loss), model
+    template, optimiser, keys, mesh. Used by `train`, and by `eval` / `sample` to rebuild a
+    checkpoint.
 
-    def __init__(self, cfg: TrainExperiment, devices=None):
+    **Arguments:**
+
+    - `cfg`: the [`TrainExperiment`][itde.train.TrainExperiment].
+    - `devices`: the devices of the data-parallel mesh (default all).
+    - `task`: the task object (default `TASKS[cfg.task.name](cfg.task)`; pass
+      `TASKS[name].from_checkpoint(...)` to evaluate without the data files).
+    """
+
+    def __init__(self, cfg: TrainExperiment, devices=None, *, task=None):
         self.cfg = cfg
-        self.data = TaskData(cfg.task)
+        self.task = TASKS[cfg.task.name](cfg.task) if task is None else task
         root = jax.random.key(cfg.optim.seed)
         self.init_key = jax.random.fold_in(root, 0)
         self.data_key = jax.random.fold_in(root, 1)
         self.eval_key = jax.random.fold_in(root, 2)
+        devices = jax.devices() if devices is None else list(devices)
+        check_batch(cfg.optim.batch_size, len(devices))
         self.mesh = make_mesh(devices)
-        check_batch(cfg.optim.batch_size, self.mesh)
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.optimizer = make_optimizer(cfg.optim)
         self.schedule = make_schedule(cfg.optim)
-        self.compute_dtype = COMPUTE_DTYPES[cfg.run.dtype]
+        dtype = COMPUTE_DTYPES[cfg.run.dtype]
+        self.compute_dtype = None if dtype is None else jnp.dtype(dtype)
 
     def init_state(self):
-        model = build_model(self.cfg, self.init_key, vocab=self.data.vocab)
+        """The untrained `(model, opt_state)` of the config (also the checkpoint template)."""
+        model = self.task.init_model(self.cfg.model, self.init_key, dtype=jnp.float32)
         opt_state = self.optimizer.init(eqx.filter(model, eqx.is_inexact_array))
         return model, opt_state
 
@@ -197,23 +225,28 @@ class Run:
             "config": to_dict(self.cfg),
             "data_key": np.asarray(jax.random.key_data(self.data_key)).tolist(),
             "data_key_impl": str(jax.random.key_impl(self.data_key)),
-            "task": self.data.meta,
+            "task": self.task.checkpoint_meta(),
         }
 
     def batch(self, step: int):
-        x, y = self.data.train_batch(
+        """Training batch `step` of the stream, sharded over the mesh."""
+        x, y = self.task.train_batch(
             jax.random.fold_in(self.data_key, step), self.cfg.optim.batch_size
         )
         return place((x, y), self.batch_sharding)
 
-    def eval_chunks(self, size: int | None = None, data: TaskData | None = None):
+    def eval_chunks(self, size: int | None = None, task=None):
         """The held-out set, `size` examples (default `task.eval_size`) rounded up to whole
-        batches, as sharded chunks; fixed by the seed."""
-        data = self.data if data is None else data
+        batches, as sharded chunks; fixed by the seed. `task`: another task to draw them
+        from (e.g. `run.task.on_grid(128)`)."""
+        task = self.task if task is None else task
         bs = self.cfg.optim.batch_size
-        n = math.ceil((size or self.cfg.task.eval_size) / bs)
+        size = self.cfg.task.eval_size if size is None else size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"`size`={size!r} must be a positive number of held-out examples.")
+        n = math.ceil(size / bs)
         return [
-            place(data.eval_batch(jax.random.fold_in(self.eval_key, i), bs), self.batch_sharding)
+            place(task.eval_batch(jax.random.fold_in(self.eval_key, i), bs), self.batch_sharding)
             for i in range(n)
         ]
 
@@ -246,8 +279,6 @@ def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=
     """The config of a resumed run: the checkpoint's, or `cfg` if it agrees with it on
     everything but the keys in `RESUMABLE_KEYS`. `meta`: the sidecar, if already read."""
     meta = ckpt.read_meta(directory) if meta is None else meta
-    from ._config import from_dict
-
     stored = from_dict(TrainExperiment, meta["config"], f"{directory}/{ckpt.SIDECAR}")
     if cfg is None:
         return stored, meta
@@ -275,9 +306,26 @@ def _save(out: Path, step: int, state, meta: dict) -> None:
 
 
 def _read_metrics(path: Path, upto: int) -> list[dict]:
+    """The rows of `metrics.jsonl` up to step `upto`. A torn last line (a crash while it was
+    appended) is dropped; every complete row is kept; damage elsewhere is an error."""
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a row with an integer `step`")
+        except ValueError as e:
+            if all(not rest.strip() for rest in lines[i + 1 :]):
+                break  # the torn tail of an interrupted write
+            raise ValueError(
+                f"{str(path)!r} line {i + 1} is damaged ({e}); remove that line to resume"
+            ) from None
+        rows.append(row)
     return [r for r in rows if r["step"] <= upto]
 
 
@@ -314,12 +362,17 @@ def train(
         meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)
         cfg, meta = config_for_resume(resume, cfg, source, meta)
     cfg = TrainExperiment() if cfg is None else cfg
-    run = Run(cfg, devices)
     if out is None:
         out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"`out`={str(out)!r} is an existing file, not a directory; give a directory "
+            "(new or one of an earlier run) for metrics.jsonl, loss_curve.png and checkpoints"
+        )
     if resume is None and not overwrite:
         dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
+    run = Run(cfg, devices)
     is_main = dist.is_main()
     if resume is not None:
         model, opt_state, meta = run.restore(resume, meta)
@@ -336,7 +389,7 @@ def train(
             lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()),
         )
     total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
-    step_fn = make_step(run.optimizer, cfg.task.name, run.compute_dtype)
+    step_fn = make_step(run.optimizer, run.task, run.compute_dtype)
     chunks = run.eval_chunks()
     show = r.progress if progress is None else progress
     from tqdm.auto import tqdm
@@ -362,7 +415,7 @@ def train(
                 "examples_per_s": rate,
             }
             if evaluating:
-                row.update(evaluate(model, chunks, cfg.task.name, run.compute_dtype))
+                row.update(evaluate(model, chunks, run.task, run.compute_dtype))
             last = row
             if is_main:
                 with open(out / "metrics.jsonl", "a") as f:
@@ -380,7 +433,9 @@ def train(
     if is_main and start < total:
         from ._plot import plot_metrics
 
-        plot_metrics(_read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png")
+        plot_metrics(
+            _read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png", run.task
+        )
     return {
         "step": done,
         "metrics": last,

@@ -14,7 +14,8 @@ in depth, and a linear readout of $u(T)$.
 Both hold the depth integrator as static fields `scheme` and `dt`: `"lie"` is the paper's
 scheme (Lie splitting over the sub-flows attention, $P_{S_1}$, feed-forward, $P_{S_1}$;
 with $\Delta t = 1$ and per-layer controls a post-LN Transformer), any other name is a
-continuous-depth scheme of `itde._registry.SCHEMES` applied to controls smooth in depth
+continuous-depth scheme (`"rk4"`, `"strang"`, `"heun"`, ... as in `itde converge`) applied
+to controls smooth in depth
 (`itde.solve` starts it from the projection of the initial condition onto $S_1(t_0)$,
 on which the continuum equation lives). `with_depth(model, scheme, dt)` re-targets a trained model.
 """
@@ -35,24 +36,45 @@ from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
 from .._registry import SCHEMES
 from .._solve import solve
 
-__all__ = ["FieldModel", "TokenModel", "build_model", "integrate", "with_depth"]
+__all__ = [
+    "FieldModel",
+    "TokenModel",
+    "build_model",
+    "init_field_model",
+    "init_token_model",
+    "integrate",
+    "loss_fn",
+    "predict",
+    "with_depth",
+]
 
 
-def check_depth(ide: TransformerIDE, scheme: str, dt: float) -> None:
-    """Trace-time check that `scheme` fits the model's controls."""
-    if not (isinstance(dt, int | float) and math.isfinite(dt) and dt > 0):
-        raise ValueError(f"`dt`={dt!r} must be a positive depth step, e.g. dt=1.0.")
-    if scheme == "lie":
-        return
+def check_depth(ide: TransformerIDE, scheme: str, dt: float, *, name: str = "dt") -> None:
+    """Trace-time check that the depth `scheme` and step `dt` fit the model's controls.
+
+    Per-layer controls take the paper's scheme `"lie"` with $0 < \\Delta t \\le$ one layer
+    (a longer step would skip layers); controls smooth in depth take any scheme with
+    $0 < \\Delta t \\le T$. `name` is the argument named in the error (`"--dt"` for the CLI).
+    """
+    if isinstance(dt, bool) or not (isinstance(dt, int | float) and math.isfinite(dt) and dt > 0):
+        raise ValueError(f"`{name}`={dt!r} must be a positive depth step, e.g. 1.0.")
     if scheme not in SCHEMES:
+        raise ValueError(f"`scheme`={scheme!r} is not known; choose one of {sorted(SCHEMES)}.")
+    controls = ide.controls
+    if isinstance(controls, PiecewiseConstant):
+        if scheme != "lie":
+            raise ValueError(
+                f"`scheme`={scheme!r} integrates the continuum equation, which needs controls "
+                "smooth in depth with the exact projection (eps = 0); this model has per-layer "
+                "controls (trained with scheme 'lie'): evaluate it with scheme 'lie' and any dt."
+            )
+        limit, what = float(controls.width), "one layer"
+    else:
+        limit, what = float(controls.t1 - controls.t0), "the depth T"
+    if dt > limit * (1 + 1e-12):
         raise ValueError(
-            f"`scheme`={scheme!r} is not known; choose 'lie' or one of {sorted(SCHEMES)}."
-        )
-    if isinstance(ide.controls, PiecewiseConstant):
-        raise ValueError(
-            f"`scheme`={scheme!r} integrates the continuum equation, which needs controls "
-            "smooth in depth with the exact projection (eps = 0); this model has per-layer "
-            "controls (trained with scheme 'lie'): evaluate it with scheme 'lie' and any dt."
+            f"`{name}`={dt!r} is longer than {what} ({limit:g}): a step may not skip depth; "
+            f"choose 0 < {name} <= {limit:g} (e.g. {limit / 2:g})."
         )
 
 
@@ -63,8 +85,6 @@ def integrate(ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = F
     through `itde.solve`'s default adjoint, `diffrax.RecursiveCheckpointAdjoint` (with one
     checkpoint per step for these fixed-step solves)."""
     check_depth(ide, scheme, dt)
-    if scheme == "lie":
-        return solve(ide, u0, dt0=dt, batched=batched).ys[-1]
     s = SCHEMES[scheme]  # `solve` starts the continuum equation from P_{S1(t0)}(u0)
     return solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=batched).ys[-1]
 
@@ -147,59 +167,42 @@ class FieldModel(eqx.Module):
         return u @ self.readout + self.readout_bias
 
 
-def with_depth(model, scheme: str | None = None, dt: float | None = None):
-    """The same model evaluated with another depth scheme and/or step."""
+def with_depth(model, scheme: str | None = None, dt: float | None = None, *, name: str = "dt"):
+    """The same model evaluated with another depth scheme and/or step (`name`: the argument
+    named in an error, e.g. `"--dt"`)."""
     scheme = model.scheme if scheme is None else scheme
-    dt = model.dt if dt is None else float(dt)
-    check_depth(model.ide, scheme, dt)
+    dt = model.dt if dt is None else dt
+    check_depth(model.ide, scheme, dt, name=name)
+    dt = float(dt)
     return dataclasses.replace(model, scheme=scheme, dt=dt)
 
 
 def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> TransformerIDE:
     """The Transformer IDE of a `[model]` table: per-layer controls for `"lie"`, Legendre
     controls (constraint set $S_1(0, 1)$ at initialisation, moving once trained) otherwise."""
-    block = dict(n_features=m.width, n_heads=m.heads, n_hidden=m.hidden, activation=m.activation)
+    block = dict(
+        n_features=m.n_features, n_heads=m.n_heads, n_hidden=m.n_hidden, activation=m.activation
+    )
     if not m.continuous:
         return TransformerIDE.init(
-            key, n_layers=m.layers, eps=m.eps, causal=causal, ffn_form=m.ffn_form,
+            key, n_layers=m.n_layers, eps=m.eps, causal=causal, ffn_form=m.ffn_form,
             grid=grid, dtype=dtype, **block,
         )  # fmt: skip
     controls = LegendreControls.init(
-        key, n_modes=m.n_modes, t1=float(m.layers), amplitude=0.1, sigma1=(0.0,),
+        key, n_modes=m.n_modes, t1=float(m.n_layers), amplitude=0.1, sigma1=(0.0,),
         sigma2=(1.0,), eps=0.0, dtype=dtype, **block,
     )  # fmt: skip
     return TransformerIDE(controls, grid, causal=causal, ffn_form=m.ffn_form)
 
 
-def build_model(cfg, key: PRNGKeyArray, *, vocab: int | None = None, dtype=jnp.float32):
-    """The model of a [`TrainExperiment`][itde._train_config.TrainExperiment].
-
-    **Arguments:**
-
-    - `cfg`: the experiment config.
-    - `key`: the initialisation key.
-    - `vocab`: the vocabulary size (`sort`: the task's; `charlm`: the corpus's).
-    - `dtype`: the parameter dtype (float32 for training; float64 for gradient checks).
-    """
-    m, task = cfg.model, cfg.task
+def init_token_model(
+    key: PRNGKeyArray, m, *, vocab: int, context: int, causal: bool, dtype=jnp.float32
+) -> TokenModel:
+    """A [`TokenModel`][itde.train.TokenModel] for the `[model]` table `m`: `vocab` tokens,
+    sequences of at most `context`, causal (Volterra) attention or not, unit token grid."""
     k_ide, k_a, k_b, k_c = jax.random.split(key, 4)
-    d = m.width
-    if task.name == "burgers":
-        grid = Grid(PeriodicTrapezoid(interval=(0.0, 2 * math.pi)), Midpoint(), d)
-        ide = build_ide(k_ide, m, causal=False, grid=grid, dtype=dtype)
-        return FieldModel(
-            lift=_uniform(k_a, (3, d), 1.0, dtype),
-            lift_bias=jnp.zeros((d,), dtype),
-            ide=ide,
-            readout=_uniform(k_b, (d,), 1 / math.sqrt(d), dtype),
-            readout_bias=jnp.zeros((), dtype),
-            scheme=m.scheme,
-            dt=float(m.dt),
-        )
-    if vocab is None:
-        raise ValueError(f"task {task.name!r} needs `vocab`, the vocabulary size.")
-    context = task.length if task.name == "sort" else task.context
-    ide = build_ide(k_ide, m, causal=task.name == "charlm", grid=Grid.unit(d), dtype=dtype)
+    d = m.n_features
+    ide = build_ide(k_ide, m, causal=causal, grid=Grid.unit(d), dtype=dtype)
     return TokenModel(
         embedding=jax.random.normal(k_a, (vocab, d), dtype),
         position=jax.random.normal(k_b, (context, d), dtype),
@@ -209,6 +212,43 @@ def build_model(cfg, key: PRNGKeyArray, *, vocab: int | None = None, dtype=jnp.f
         scheme=m.scheme,
         dt=float(m.dt),
     )
+
+
+def init_field_model(key: PRNGKeyArray, m, *, dtype=jnp.float32) -> FieldModel:
+    """A [`FieldModel`][itde.train.FieldModel] for the `[model]` table `m` on the periodic
+    token domain $[0, 2\\pi)$ (periodic trapezoid rule)."""
+    k_ide, k_a, k_b, _ = jax.random.split(key, 4)
+    d = m.n_features
+    grid = Grid(PeriodicTrapezoid(interval=(0.0, 2 * math.pi)), Midpoint(), d)
+    return FieldModel(
+        lift=_uniform(k_a, (3, d), 1.0, dtype),
+        lift_bias=jnp.zeros((d,), dtype),
+        ide=build_ide(k_ide, m, causal=False, grid=grid, dtype=dtype),
+        readout=_uniform(k_b, (d,), 1 / math.sqrt(d), dtype),
+        readout_bias=jnp.zeros((), dtype),
+        scheme=m.scheme,
+        dt=float(m.dt),
+    )
+
+
+def build_model(cfg, key: PRNGKeyArray, *, task=None, dtype=jnp.float32):
+    """The model of a [`TrainExperiment`][itde.train.TrainExperiment].
+
+    **Arguments:**
+
+    - `cfg`: the experiment config.
+    - `key`: the initialisation key.
+    - `task`: the task object (default `TASKS[cfg.task.name](cfg.task)`, which reads a
+      charlm corpus to learn its vocabulary).
+    - `dtype`: the parameter dtype (float32 for training; float64 for gradient checks).
+
+    **Returns:** the task's model (`TokenModel` or `FieldModel`), untrained.
+    """
+    if task is None:
+        from ._tasks import TASKS
+
+        task = TASKS[cfg.task.name](cfg.task)
+    return task.init_model(cfg.model, key, dtype=dtype)
 
 
 def cast(tree, dtype):
@@ -236,11 +276,8 @@ def predict(model, x, compute_dtype=None):
     return model.batched(x).astype(out_dtype)
 
 
-def loss_fn(model, batch, task: str, compute_dtype=None):
-    """The training loss of a batch `(x, y)`: cross-entropy (sort, charlm) or the mean
-    squared error (burgers)."""
+def loss_fn(model, batch, task, compute_dtype=None):
+    """The training loss of a batch `(x, y)`: `task.loss` of the batched prediction
+    (cross-entropy for sort and charlm, the mean squared error for burgers)."""
     x, y = batch
-    out = predict(model, x, compute_dtype)
-    if task == "burgers":
-        return jnp.mean((out - y.astype(out.dtype)) ** 2)
-    return cross_entropy(out, y)
+    return task.loss(predict(model, x, compute_dtype), y)
