@@ -74,15 +74,14 @@ WORKER = textwrap.dedent(
     leaves = lambda tree: [np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array)
                            else x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
     if a["mode"] == "restore":  # no training: process 0 writes, both restore
-        from itde.train import _checkpoint as ckpt
-        from itde.train import Run
+        from itde.train import Run, save_checkpoint
         run = Run(cfg)
         for name in ("good", "damaged"):
             directory = os.path.join(a["out"], name)  # process 1's does not exist
             if jax.process_index() == 0:
                 model, opt = run.init_state()
                 model = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)
-                ckpt.save(directory, 7, (model, opt), run.meta())
+                save_checkpoint(directory, 7, (model, opt), run.meta())
                 stamp(f"wrote {name}")
                 np.savez(a["result"] + f"-{name}-written.npz", *leaves((model, opt)))
                 if name == "damaged":
