@@ -32,10 +32,10 @@ from ._config import (
 )
 from ._evaluate import evaluate
 from ._loop import Run, make_mesh, make_optimizer, make_schedule, make_step, place, train
-from ._model import FieldModel, TokenModel, build_model, loss_fn, predict, with_depth
+from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
 from ._task import AbstractTask
-from ._tasks import TASKS, Burgers, CharLM, Sort
+from ._tasks import TASKS, Burgers, CharLM, Sort, build_model
 
 __all__ = [
     "COMPUTE_DTYPES",

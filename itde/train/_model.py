@@ -39,7 +39,6 @@ from .._solve import solve
 __all__ = [
     "FieldModel",
     "TokenModel",
-    "build_model",
     "init_field_model",
     "init_token_model",
     "integrate",
@@ -68,7 +67,7 @@ def check_depth(ide: TransformerIDE, scheme: str, dt: float, *, name: str = "dt"
                 "smooth in depth with the exact projection (eps = 0); this model has per-layer "
                 "controls (trained with scheme 'lie'): evaluate it with scheme 'lie' and any dt."
             )
-        limit, what = float(controls.width), "one layer"
+        limit, what = float(controls.layer_length), "one layer"
     else:
         limit, what = float(controls.t1 - controls.t0), "the depth T"
     if dt > limit * (1 + 1e-12):
@@ -229,26 +228,6 @@ def init_field_model(key: PRNGKeyArray, m, *, dtype=jnp.float32) -> FieldModel:
         scheme=m.scheme,
         dt=float(m.dt),
     )
-
-
-def build_model(cfg, key: PRNGKeyArray, *, task=None, dtype=jnp.float32):
-    """The model of a [`TrainExperiment`][itde.train.TrainExperiment].
-
-    **Arguments:**
-
-    - `cfg`: the experiment config.
-    - `key`: the initialisation key.
-    - `task`: the task object (default `TASKS[cfg.task.name](cfg.task)`, which reads a
-      charlm corpus to learn its vocabulary).
-    - `dtype`: the parameter dtype (float32 for training; float64 for gradient checks).
-
-    **Returns:** the task's model (`TokenModel` or `FieldModel`), untrained.
-    """
-    if task is None:
-        from ._tasks import TASKS
-
-        task = TASKS[cfg.task.name](cfg.task)
-    return task.init_model(cfg.model, key, dtype=dtype)
 
 
 def cast(tree, dtype):

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import PRNGKeyArray
 
 from .._config import ConfigError, positive
 from ..data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relative_l2
@@ -238,3 +239,21 @@ class CharLM(AbstractTask):
 
 #: The tasks of `itde train`: `task.name` -> task class.
 TASKS: dict[str, type[AbstractTask]] = {cls.name: cls for cls in (Sort, Burgers, CharLM)}
+
+
+def build_model(cfg, key: PRNGKeyArray, *, task=None, dtype=jnp.float32):
+    """The model of a [`TrainExperiment`][itde.train.TrainExperiment].
+
+    **Arguments:**
+
+    - `cfg`: the experiment config.
+    - `key`: the initialisation key.
+    - `task`: the task object (default `TASKS[cfg.task.name](cfg.task)`, which reads a
+      charlm corpus to learn its vocabulary).
+    - `dtype`: the parameter dtype (float32 for training; float64 for gradient checks).
+
+    **Returns:** the task's model (`TokenModel` or `FieldModel`), untrained.
+    """
+    if task is None:
+        task = TASKS[cfg.task.name](cfg.task)
+    return task.init_model(cfg.model, key, dtype=dtype)
