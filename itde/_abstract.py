@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+
 from itde_solvers import SplitTerm
 
 from ._controls import AbstractControls

@@ -48,3 +48,39 @@ def check_float(
     if nonnegative and not v >= 0:
         raise ValueError(f"`{name}`={value!r} must be >= 0.")
     return v
+
+
+def check_dtype(name: str, dtype):
+    """`dtype` must be a floating-point dtype (None: JAX's default float)."""
+    import jax.numpy as jnp
+
+    if dtype is None:
+        return jnp.zeros(()).dtype
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"`{name}`={dtype!r} is not a dtype; use e.g. jnp.float32 or jnp.bfloat16."
+        ) from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(
+            f"`{name}`={dt} must be a floating-point dtype (float64, float32, float16 or "
+            "bfloat16): the parameters are real numbers."
+        )
+    return dt
+
+
+def check_key(name: str, key) -> None:
+    """`key` must be a JAX PRNG key (`jax.random.key(seed)` or `jax.random.PRNGKey(seed)`)."""
+    import jax
+    import jax.numpy as jnp
+
+    ok = hasattr(key, "dtype") and (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        or (key.dtype == jnp.uint32 and key.shape[-1:] == (2,))
+    )
+    if not ok:
+        raise TypeError(
+            f"`{name}`={key!r} is not a PRNG key; pass `jax.random.key(seed)` (or "
+            "`jax.random.PRNGKey(seed)`)."
+        )

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
-
-import tomllib
 
 
 class ConfigError(ValueError):
@@ -98,6 +97,8 @@ def _build(cls: type[T], table: dict, prefix: str) -> T:
 
 def from_dict(cls: type[T], table: dict, source: str = "<dict>") -> T:
     """Build a config dataclass from a nested dict, naming `source` in every error."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: a config must be a table (dict), got {type(table).__name__}")
     try:
         return _build(cls, table, "")
     except ConfigError as e:
@@ -320,6 +321,10 @@ class StudyConfig:
         from ._registry import SCHEMES
 
         choices("study.axis", self.axis, AXES)
+        if not self.schemes:
+            raise ConfigError("`study.schemes` is empty; list at least one scheme, e.g. ['lie']")
+        if not self.rules:
+            raise ConfigError("`study.rules` is empty; list at least one rule, e.g. ['midpoint']")
         for s in self.schemes:
             if s not in SCHEMES:
                 raise ConfigError(

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from ._checks import check_bool, check_dtype, check_int, check_key
 from ._operators._attention import Attention, check_heads
 from ._operators._feedforward import FeedForward
 from ._operators._layernorm import LayerNormProjection
@@ -41,7 +42,10 @@ class Block(eqx.Module):
     ) -> Block:
         """Random discrete controls for one layer (PyTorch's default initialisation)."""
         check_heads(n_features, n_heads)
-        dtype = dtype or jnp.zeros(()).dtype
+        check_int("n_hidden", n_hidden, minimum=1)
+        check_bool("bias", bias)
+        dtype = check_dtype("dtype", dtype)
+        check_key("key", key)
         ka, kf = jax.random.split(key)
 
         def norm():
@@ -67,12 +71,23 @@ def _n_features(block) -> int | None:
 
 def stack(blocks: list[Block]) -> Block:
     """Stack per-layer controls along a new leading (depth) axis."""
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("`stack(blocks)` needs at least one block (layer or mode), got none.")
     structures = {jax.tree_util.tree_structure(b) for b in blocks}
     if len(structures) != 1:
         raise ValueError(
             "every layer must have the same structure (activation, eps, which biases exist) "
             "to be stacked into piecewise-constant controls."
         )
+    shapes = [[a.shape for a in jax.tree.leaves(b)] for b in blocks]
+    for n, s in enumerate(shapes[1:], start=1):
+        if s != shapes[0]:
+            raise ValueError(
+                f"`stack(blocks)`: block {n} has parameter shapes {s} but block 0 has "
+                f"{shapes[0]}; every layer needs the same widths (n_features, n_heads, "
+                "n_hidden)."
+            )
     return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
 
 
@@ -132,6 +147,21 @@ class AbstractControls(eqx.Module):
         return eqx.tree_at(lambda c: c.blocks, self, stack([fn(b) for b in blocks]))
 
 
+def _check_blocks(name: str, blocks) -> None:
+    """Stored blocks: a Block (or FunctionBlock) whose array leaves share a leading axis."""
+    leaves = jax.tree.leaves(blocks)
+    if blocks is None or not leaves or not all(hasattr(a, "shape") for a in leaves):
+        raise TypeError(
+            f"`{name}` must be a Block (or FunctionBlock) whose arrays have a leading layer or "
+            f"mode axis, e.g. `itde.stack([Block.init(...), ...])`; got {type(blocks).__name__}."
+        )
+    if any(a.ndim == 0 for a in leaves) or len({a.shape[0] for a in leaves}) != 1:
+        raise ValueError(
+            f"`{name}`: every array must have the same leading (layer or mode) axis; build it "
+            "with `itde.stack([...])`."
+        )
+
+
 def _unstack(values: Block) -> list[Block]:
     n = int(jax.tree.leaves(values)[0].shape[0])
     return [jax.tree.map(lambda a: a[i], values) for i in range(n)]
@@ -159,6 +189,7 @@ class PiecewiseConstant(AbstractControls):
     layer_length: float = eqx.field(static=True, default=1.0)
 
     def __check_init__(self):
+        _check_blocks("values", self.values)
         if not (math.isfinite(self.t0) and math.isfinite(self.layer_length)):
             raise ValueError(
                 f"`t0`={self.t0} and `layer_length`={self.layer_length} must be finite."
@@ -206,6 +237,12 @@ class PiecewiseConstant(AbstractControls):
         return jax.tree.map(lambda a: a[i], self.values)
 
     def layer(self, n: int) -> Block:
+        """The controls of layer `n` (0-based)."""
+        n = check_int("n", n, minimum=0)
+        if n >= self.n_layers:
+            raise ValueError(
+                f"`n`={n} is not a layer: the model has {self.n_layers} (0 to {self.n_layers - 1})."
+            )
         return jax.tree.map(lambda a: a[n], self.values)
 
 
@@ -229,6 +266,7 @@ class LegendreControls(AbstractControls):
     t1: float = eqx.field(static=True, default=1.0)
 
     def __check_init__(self):
+        _check_blocks("coeffs", self.coeffs)
         if not self.t1 > self.t0:
             raise ValueError(f"`LegendreControls`: need t1 > t0, got t0={self.t0}, t1={self.t1}.")
 
@@ -298,6 +336,15 @@ class LegendreControls(AbstractControls):
         so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$).
         `block_init` (default `Block.init`, or e.g. `FunctionBlock.init`) builds each
         mode's block from `key` and `block_kwargs`."""
+        n_modes = check_int("n_modes", n_modes, minimum=1)
+        s2 = [float(v) for v in sigma2[:n_modes]]
+        if not s2 or s2[0] <= sum(abs(v) for v in s2[1:]):
+            raise ValueError(
+                f"`sigma2`={tuple(sigma2)} must keep sigma2(t) > 0 on the whole depth: the "
+                "first coefficient must exceed the sum of the others' magnitudes (|P_c| <= 1), "
+                "e.g. sigma2=(1.0, 0.3). sigma2 <= 0 is no constraint set (the projection "
+                "would map every state to sigma1 or to the farthest point)."
+            )
         keys = jax.random.split(key, n_modes)
         blocks = []
         make = Block.init if block_init is None else block_init

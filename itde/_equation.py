@@ -13,11 +13,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from itde_solvers import ProjectionTerm, SplitTerm
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from itde_solvers import ProjectionTerm, SplitTerm
+
 from ._abstract import AbstractEquation
-from ._checks import check_bool, check_choice, check_int
+from ._checks import check_bool, check_choice, check_int, check_key
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._attention import check_heads
 from ._operators._feedforward import check_activation
@@ -143,6 +144,8 @@ class TransformerIDE(AbstractEquation):
         """
         check_heads(n_features, n_heads)
         check_activation(activation)
+        check_bool("bias", bias)
+        check_key("key", key)
         if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
             raise ValueError(f"`n_layers` must be a positive int, got {n_layers!r}.")
         n_hidden = 4 * n_features if n_hidden is None else n_hidden

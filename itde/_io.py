@@ -47,6 +47,8 @@ def write_json(path: str | Path, obj) -> Path:
 
 def check_output_dir(path: str | Path, name: str = "--out") -> Path:
     """Create the output directory `path`, or say why it cannot be one, before any work."""
+    if not str(path).strip():
+        raise ValueError(f"`{name}` is empty; give a directory path.")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import diffrax
+
 import itde_solvers as solvers
 
 from ._operators._attention import ATTENTION_IMPLS

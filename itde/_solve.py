@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from itde_solvers import (
     AbstractSplittingSolver,
     LieTrotter,
@@ -182,6 +183,18 @@ def solve(
             f"`itde_solvers.Projected(diffrax.{type(solver).__name__}())`, or use a "
             "splitting solver (itde_solvers.LieTrotter, Strang, ParallelSplitting)."
         )
+    for name, value, cls, example in (
+        ("saveat", saveat, diffrax.SaveAt, "diffrax.SaveAt(ts=...)"),
+        ("adjoint", adjoint, diffrax.AbstractAdjoint, "diffrax.DirectAdjoint()"),
+        ("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController,
+         "diffrax.PIDController(rtol=1e-6, atol=1e-6)"),
+        ("progress_meter", progress_meter, diffrax.AbstractProgressMeter,
+         "diffrax.TqdmProgressMeter()"),
+    ):  # fmt: skip
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(
+                f"`{name}`={value!r} must be a diffrax.{cls.__name__}, e.g. `{example}`."
+            )
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     default_adjoint = adjoint is None
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint

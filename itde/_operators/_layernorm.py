@@ -3,6 +3,7 @@ r"""Layer normalisation as the projection onto $S_1(\sigma_1, \sigma_2)$ (paper,
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -63,6 +64,18 @@ class LayerNormProjection(eqx.Module):
         self.gain = None if gain is None else jnp.asarray(gain)
         self.shift = None if shift is None else jnp.asarray(shift)
         self.eps = eps
+        s2 = self.sigma2
+        if s2.ndim == 0 and not isinstance(s2, jax.core.Tracer) and not float(s2) > 0:
+            raise ValueError(
+                f"`sigma2`={float(s2)} must be > 0: it is the standard deviation of the "
+                "constraint set (with sigma2 < 0 the 'projection' is the farthest point)."
+            )
+        for name, v in (("gain", self.gain), ("shift", self.shift)):
+            if v is not None and v.ndim != 1 and self.sigma1.ndim == 0:
+                raise ValueError(
+                    f"`{name}` must be one value per feature, shape [features], got shape "
+                    f"{v.shape}."
+                )
 
     def __call__(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None

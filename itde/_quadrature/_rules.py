@@ -49,8 +49,9 @@ class AbstractQuadrature(AbstractTokenDomain):
     order: ClassVar[float] = 0.0  # global order for smooth integrands; inf = geometric
     min_nodes: ClassVar[int] = 1
 
-    def __check_init__(self):
-        _check_interval(type(self).__name__, self.interval)
+    def __post_init__(self):
+        # store the checked pair of floats, not whatever was given (e.g. the string "01")
+        object.__setattr__(self, "interval", _check_interval(type(self).__name__, self.interval))
 
     def bounds(self, n: int) -> tuple[float, float]:
         if self.interval is None:

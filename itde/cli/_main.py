@@ -9,6 +9,14 @@ from .. import _config
 from .._io import check_output_dir, write_json
 
 
+def _out(flag, configured, key):
+    """The output directory: `--out` if given (even empty: then an error), else the
+    config's; created and checked before any work."""
+    if flag is None:
+        return check_output_dir(configured, key)
+    return check_output_dir(flag, "--out")
+
+
 def _build_solve(cfg: _config.SolveExperiment):
     import jax
 
@@ -59,7 +67,7 @@ def cmd_solve(args) -> int:
         model = _build_solve(cfg)
     except ValueError as e:
         raise _config.ConfigError(f"{source}: {e}") from None
-    out = check_output_dir(args.out or cfg.solve.out, "--out" if args.out else "solve.out")
+    out = _out(args.out, cfg.solve.out, "solve.out")
     u0 = jax.random.normal(jax.random.key(cfg.solve.seed), (cfg.solve.n_tokens, model.n_features))
     ts = np.asarray(model.controls.layer_times())
     run = jax.jit(
@@ -118,7 +126,7 @@ def cmd_converge(args) -> int:
     )
     if args.axis:
         cfg = dataclasses.replace(cfg, study=dataclasses.replace(cfg.study, axis=args.axis))
-    out = check_output_dir(args.out or cfg.study.out, "--out" if args.out else "study.out")
+    out = _out(args.out, cfg.study.out, "study.out")
     axis = cfg.study.axis
     p = cfg.problem
     if axis == "depth":

@@ -10,11 +10,12 @@ import warnings
 
 import diffrax
 import equinox as eqx
-import itde_solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
+
+import itde_solvers
 
 from .._polynomials import legendre
 from .._quadrature._rules import _check_interval

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
+from .._checks import check_dtype, check_int
 from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import AbstractQuadrature
 from ._bases import AbstractBasis
@@ -50,7 +51,17 @@ class FunctionBlock(eqx.Module):
         dtype=None,
     ) -> FunctionBlock:
         """Random smooth kernels and the unit constraint set $S_1(0, 1)$."""
-        dtype = dtype or jnp.zeros(()).dtype
+        check_int("n_heads", n_heads, minimum=1)
+        check_int("n_head_nodes", n_head_nodes, minimum=1)
+        check_int("n_hidden_nodes", n_hidden_nodes, minimum=1)
+        for name, b in (("feature_basis", feature_basis), ("head_basis", head_basis),
+                        ("hidden_basis", hidden_basis)):  # fmt: skip
+            if not isinstance(b, AbstractBasis):
+                raise TypeError(
+                    f"`{name}` must be a basis (itde.LegendreBasis or itde.FourierBasis), got "
+                    f"{type(b).__name__}."
+                )
+        dtype = check_dtype("dtype", dtype)
         ka, kf = jax.random.split(key)
         att = FunctionAttention.init(
             ka,

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import diffrax
-import itde_solvers as solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import itde_solvers as solvers
 
 from .._config import ConfigError, ConvergeExperiment, ProblemConfig
 from .._controls import LegendreControls

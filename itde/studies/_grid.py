@@ -25,9 +25,10 @@ import math
 import time
 
 import diffrax
-import itde_solvers as solvers
 import jax
 import jax.numpy as jnp
+
+import itde_solvers as solvers
 
 from .._config import ConvergeExperiment
 from .._controls import LegendreControls, PiecewiseConstant, stack

@@ -217,6 +217,11 @@ class OptimConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"`optim.{name}` must be >= 0, got {v!r}")
+        if self.final_lr_ratio > 1:
+            raise ConfigError(
+                f"`optim.final_lr_ratio`={self.final_lr_ratio} must be in [0, 1] (the learning "
+                "rate decays from `optim.lr` to `lr * final_lr_ratio`)"
+            )
         for name in ("b1", "b2"):
             v = getattr(self, name)
             if not 0 <= v < 1:

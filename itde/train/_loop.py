@@ -357,6 +357,11 @@ def train(
 
     **Returns:** a summary dict: final step, loss, evaluation metrics, wall time, paths.
     """
+    if cfg is not None and not isinstance(cfg, TrainExperiment):
+        raise TypeError(
+            f"`cfg` must be an itde.train.TrainExperiment, got {type(cfg).__name__}; read a "
+            "TOML file with `itde.train.load(TrainExperiment, path)`."
+        )
     meta = None
     if resume is not None:
         meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)

@@ -243,11 +243,32 @@ def cross_entropy(logits, targets):
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
+def check_inputs(model, x) -> None:
+    """Token ids must be integers below the vocabulary size (a gather would clamp them
+    silently); checked when `x` is concrete."""
+    if not hasattr(x, "dtype"):
+        raise TypeError(f"`x` must be an array of inputs, got {type(x).__name__}.")
+    embedding = getattr(model, "embedding", None)
+    if embedding is None:  # a field model: real-valued inputs
+        return
+    vocab = embedding.shape[0]
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"`x` holds token ids and must be integers, got dtype {x.dtype}.")
+    if not isinstance(x, jax.core.Tracer) and x.size:
+        lo, hi = int(jnp.min(x)), int(jnp.max(x))
+        if lo < 0 or hi >= vocab:
+            raise ValueError(
+                f"`x` holds token ids in [{lo}, {hi}] but the model's vocabulary has {vocab} "
+                f"tokens: ids must be in [0, {vocab - 1}]."
+            )
+
+
 def predict(model, x, compute_dtype=None):
     """The batched forward pass (one depth solve over the leading axis, equal to `jax.vmap`
     of the model), optionally in `compute_dtype`
     (parameters and inputs cast; the output cast back to the parameters' dtype)."""
     out_dtype = model.readout.dtype
+    check_inputs(model, x)
     if compute_dtype is not None and compute_dtype != out_dtype:
         model = cast(model, compute_dtype)
         if jnp.issubdtype(x.dtype, jnp.floating):

@@ -26,6 +26,13 @@ class ProjectionTerm(AbstractTerm):
 
     projection: Callable[[Any, Any], Any]
 
+    def __check_init__(self):
+        if not callable(self.projection):
+            raise TypeError(
+                f"`ProjectionTerm(projection)` needs a callable `(t, y) -> y`, got "
+                f"{self.projection!r}."
+            )
+
     def project(self, t, y):
         return self.projection(t, y)
 
