@@ -142,3 +142,38 @@ def test_outputs_are_plain_readable_files(tmp_path):
             RuntimeError("disk full"))))  # fmt: skip
     assert sorted(q.name for q in tmp_path.iterdir()) == ["x.json"]
     np.testing.assert_equal(len(list(tmp_path.iterdir())), 1)
+
+
+def test_constructor_arguments_found_by_an_adversarial_run():
+    with pytest.raises(ValueError, match=r"needs at least one block"):
+        itde.stack([])
+    with pytest.raises(TypeError, match=r"`dtype`=int32 must be a floating-point dtype"):
+        itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, dtype=jnp.int32)
+    with pytest.raises(TypeError, match=r"`key`=0 is not a PRNG key"):
+        itde.TransformerIDE.init(0, n_layers=1, n_features=8, n_heads=2)
+    with pytest.raises(TypeError, match=r"`values` must be a Block"):
+        itde.PiecewiseConstant(None)
+    a = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=16)
+    b = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=8)
+    with pytest.raises(ValueError, match=r"block 1 has parameter shapes"):
+        itde.stack([a, b])
+    with pytest.raises(TypeError, match=r"needs a callable"):
+        import itde_solvers
+
+        itde_solvers.ProjectionTerm(None)
+
+
+def test_diffrax_options_of_the_wrong_kind(model):
+    for kw, name in ((dict(saveat="t1"), "saveat"), (dict(adjoint="direct"), "adjoint"),
+                     (dict(stepsize_controller="pid"), "stepsize_controller")):  # fmt: skip
+        with pytest.raises(TypeError, match=rf"`{name}`=.* must be a diffrax\."):
+            itde.solve(model, X, **kw)
+
+
+def test_empty_scheme_list_and_non_table_config():
+    from itde import _config
+
+    with pytest.raises(_config.ConfigError, match=r"`study.schemes` is empty"):
+        _config.from_dict(_config.ConvergeExperiment, {"study": {"schemes": []}})
+    with pytest.raises(_config.ConfigError, match=r"must be a table"):
+        _config.from_dict(_config.ConvergeExperiment, None)

@@ -155,3 +155,47 @@ def test_from_torch_records_the_batch_layout(batch_first):
     np.testing.assert_allclose(got, ref, atol=1e-12)
     vm = jax.vmap(m, in_axes=m.batch_axis, out_axes=m.batch_axis)(jnp.asarray(x.numpy()))
     np.testing.assert_allclose(vm, ref, atol=1e-12)
+
+
+# ------------------------------------------------------------------ found by an adversarial run
+def test_options_that_were_silently_misread():
+    with pytest.raises(TypeError, match=r"`bias`='yes' must be True or False"):
+        _model(n_layers=1, bias="yes")
+    with pytest.raises(ValueError, match=r"`n`=5 is not a layer: the model has 3"):
+        _model().controls.layer(5)  # JAX would clamp the index to the last layer
+    with pytest.raises(TypeError, match=r"must be a pair of numbers"):
+        itde.Midpoint(interval="01")
+    assert itde.Midpoint(interval=[0, 2]).interval == (0.0, 2.0)
+
+
+def test_no_constraint_set_without_a_positive_sigma2():
+    with pytest.raises(ValueError, match=r"`sigma2`=-1.0 must be > 0"):
+        itde.LayerNormProjection(sigma2=-1.0)
+    with pytest.raises(ValueError, match=r"`sigma2`=\(0, 0\) must keep sigma2\(t\) > 0"):
+        itde.LegendreControls.init(KEY, n_modes=2, n_features=8, n_heads=2, n_hidden=8,
+                                   sigma2=(0, 0))  # fmt: skip
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    from itde import train
+
+    cfg = train.from_dict(train.TrainExperiment, {
+        "model": {"n_layers": 1, "n_features": 8, "n_heads": 2, "n_hidden": 8}})  # fmt: skip
+    model = train.build_model(cfg, KEY)
+    vocab = model.embedding.shape[0]
+    with pytest.raises(ValueError, match=rf"ids must be in \[0, {vocab - 1}\]"):
+        train.predict(model, jnp.full((1, 4), vocab, jnp.int32))  # a gather would clamp it
+    with pytest.raises(TypeError, match=r"must be integers"):
+        train.predict(model, jnp.zeros((1, 4), jnp.float32))
+
+
+def test_learning_rate_cannot_end_above_its_peak():
+    from itde import train
+
+    with pytest.raises(_config.ConfigError, match=r"`optim.final_lr_ratio`=2.0 must be in"):
+        train.from_dict(train.TrainExperiment, {"optim": {"final_lr_ratio": 2.0}})
+
+
+def test_empty_out_flag_is_an_error_not_ignored(tmp_path, capsys):
+    assert itde.cli.main(["solve", "--out", ""]) == 2
+    assert "`--out` is empty" in capsys.readouterr().err
