@@ -2,13 +2,13 @@
 float32 within a bound stated from bfloat16's unit round-off."""
 
 import equinox as eqx
-import itde_solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import itde
+import itde_solvers
 
 KEY = jax.random.PRNGKey(0)
 BF16_EPS = float(jnp.finfo(jnp.bfloat16).eps)  # 2**-7: the spacing of bfloat16 numbers at 1
@@ -68,7 +68,6 @@ def test_model_call_returns_the_input_dtype():
     x = jax.random.normal(KEY, (3, 5, 8)).astype(jnp.bfloat16)
     assert m(x[0]).dtype == jnp.bfloat16
     assert m.batch(x).dtype == jnp.bfloat16
-    assert m.trajectory(x[0]).dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(m.batch(x), np.float32),
                                np.asarray(jax.vmap(m)(x), np.float32), atol=0)  # fmt: skip
 

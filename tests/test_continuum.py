@@ -11,8 +11,8 @@ import torch
 
 import itde
 import itde_solvers as solvers
-from itde._config import ProblemConfig
 from itde import SCHEMES
+from itde._config import ProblemConfig
 from itde.studies._depth import build_problem
 
 

@@ -69,7 +69,7 @@ def test_discrete_models_cannot_change_grid():
         m.on_grid(itde.Grid.unit(16))
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_blocked_model_equals_dense_model(causal):
     import torch
     torch.manual_seed(0)

@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import diffrax
@@ -13,10 +14,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
-import tomllib
-from itde_solvers import _diffrax_private
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+
+from itde_solvers import _diffrax_private
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "solvers"

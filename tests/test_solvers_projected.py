@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from diffrax import ODETerm
+
 from itde_solvers import RK4, Projected, ProjectionTerm, SplitTerm, error_norm, observed_order
 
 TOL = 0.15  # tolerance on an observed order
@@ -190,6 +191,7 @@ def test_gradient_matches_finite_differences(sphere):
     assert jnp.allclose(grad, fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow  # ~12 s; BacksolveAdjoint's gradient is also checked in test_continuum
 def test_backsolve_adjoint_runs_the_backward_solve_unprojected(sphere):
     """BacksolveAdjoint steps `Projected` over diffrax's AdjointTerm (no SplitTerm, no
     projections): its gradient, of the continuous problem, agrees with the discrete one

@@ -6,12 +6,13 @@ smoke test checks that the solvers also run (and converge) in single precision.
 
 import chex
 import diffrax
-import itde_solvers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from diffrax import ODETerm
+
+import itde_solvers
 from itde_solvers import (
     RK4,
     AbstractSplittingSolver,

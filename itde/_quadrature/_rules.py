@@ -21,6 +21,10 @@ from ._domain import AbstractTokenDomain, check_weights
 def _check_interval(name: str, interval) -> tuple[float, float] | None:
     if interval is None:
         return None
+    if isinstance(interval, (str, bytes)):
+        raise TypeError(
+            f"`{name}(interval=...)` must be a pair of numbers (a, b) or None, got {interval!r}."
+        )
     try:
         a, b = (float(v) for v in interval)
     except (TypeError, ValueError):

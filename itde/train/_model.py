@@ -28,6 +28,7 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._controls import LegendreControls, PiecewiseConstant
@@ -254,13 +255,17 @@ def check_inputs(model, x) -> None:
     vocab = embedding.shape[0]
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"`x` holds token ids and must be integers, got dtype {x.dtype}.")
-    if not isinstance(x, jax.core.Tracer) and x.size:
-        lo, hi = int(jnp.min(x)), int(jnp.max(x))
-        if lo < 0 or hi >= vocab:
-            raise ValueError(
-                f"`x` holds token ids in [{lo}, {hi}] but the model's vocabulary has {vocab} "
-                f"tokens: ids must be in [0, {vocab - 1}]."
-            )
+    if isinstance(x, jax.core.Tracer) or not x.size:
+        return
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return  # another process holds part of it; each process checks its own shard
+    xn = np.asarray(x)
+    lo, hi = int(xn.min()), int(xn.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(
+            f"`x` holds token ids in [{lo}, {hi}] but the model's vocabulary has {vocab} "
+            f"tokens: ids must be in [0, {vocab - 1}]."
+        )
 
 
 def predict(model, x, compute_dtype=None):
