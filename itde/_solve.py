@@ -240,15 +240,8 @@ def solve(
         steps = len(ts) - 1 if max_steps is None else max_steps
         if isinstance(adjoint, diffrax.BacksolveAdjoint):
             # its backward solve reuses the controller in reverse, which StepTo forbids
-            if jumps and any(
-                abs((j - t0) / dt - round((j - t0) / dt)) > 1e-9 * max(1.0, (j - t0) / dt)
-                for j in jumps
-            ):
-                raise ValueError(
-                    f"`dt0`={dt} does not divide the layers' depth length "
-                    f"{controls.layer_length}; BacksolveAdjoint takes constant steps, which "  # type: ignore[attr-defined]
-                    "would straddle a layer boundary. Use a dt0 that divides it."
-                )
+            if jumps:
+                _check_constant_steps(controls, dt, "BacksolveAdjoint takes constant steps")
             controller, first_dt = diffrax.ConstantStepSize(), dt
             steps += 1  # room for a round-off sliver at t1
         else:
@@ -292,6 +285,19 @@ def solve(
     )
 
 
+def _check_constant_steps(controls, dt0: float, why: str) -> None:
+    """Constant steps from a layer boundary land on every later one only if `dt0` divides
+    the layer length; otherwise they straddle boundaries."""
+    h = controls.layer_length
+    r = h / dt0
+    if abs(r - round(r)) > 1e-9 * r:
+        raise ValueError(
+            f"`dt0`={dt0} does not divide the layers' depth length {h}: constant steps ({why}) "
+            f"would straddle layer boundaries. Use dt0={h / max(1, round(r))} (or omit "
+            "`stepsize_controller`: the default fixed grid restarts at every boundary)."
+        )
+
+
 def _respect_jumps(controller, controls, jumps, t0, t1, dt0):
     """A user's step-size controller made to step onto every jump of the controls."""
     if not jumps:
@@ -307,19 +313,12 @@ def _respect_jumps(controller, controls, jumps, t0, t1, dt0):
             )
         return controller
     if isinstance(controller, diffrax.ConstantStepSize):
-        h = controls.layer_length
         if dt0 is None:
             raise ValueError("`dt0` is needed with diffrax.ConstantStepSize(); e.g. dt0=1.0.")
         if isinstance(dt0, jax.core.Tracer):
             return controller  # checked on the state when the solve runs (see `solve`)
         _check_depth_step(controls, float(dt0))
-        r = h / float(dt0)
-        if abs(r - round(r)) > 1e-9 * r:
-            raise ValueError(
-                f"`dt0`={dt0} does not divide the layers' depth length {h}: constant steps "
-                f"would straddle layer boundaries. Use dt0={h / max(1, round(r))} (or omit "
-                "`stepsize_controller`: the default fixed grid restarts at every boundary)."
-            )
+        _check_constant_steps(controls, float(dt0), "diffrax.ConstantStepSize takes them")
         return controller
     if isinstance(controller, diffrax.ClipStepSizeController):
         return controller
