@@ -10,11 +10,13 @@ from ._abstract import AbstractEquation
 from ._config import ConfigError
 from ._controls import AbstractControls, Block, LegendreControls, PiecewiseConstant, stack
 from ._equation import TransformerIDE
-from ._operators._abstract import AbstractAttention, AbstractFeedForward
+from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
 from ._operators._attention import Attention
 from ._operators._blocked import blocked_attention, dense_attention, fused_attention
-from ._operators._feedforward import FeedForward
+from ._operators._feedforward import FeedForward, GatedFeedForward
 from ._operators._layernorm import LayerNormProjection
+from ._operators._rmsnorm import RMSNormProjection
+from ._operators._rope import Rope
 from ._quadrature._domain import AbstractTokenDomain
 from ._quadrature._grid2d import TensorGrid2D
 from ._quadrature._rules import (
@@ -27,7 +29,15 @@ from ._quadrature._rules import (
     Simpson,
     Trapezoid,
 )
-from ._registry import ACTIVATIONS, ATTENTION_IMPLS, FFN_FORMS, SCHEMES, TERMS_KINDS, Scheme
+from ._registry import (
+    ACTIVATIONS,
+    ATTENTION_IMPLS,
+    BLOCK_FORMS,
+    FFN_FORMS,
+    SCHEMES,
+    TERMS_KINDS,
+    Scheme,
+)
 from ._solve import solve
 from .function import (
     FourierBasis,
@@ -87,4 +97,9 @@ __all__ = [
     "solve",
     "stack",
     "to_torch",
+    "AbstractNorm",
+    "BLOCK_FORMS",
+    "GatedFeedForward",
+    "RMSNormProjection",
+    "Rope",
 ]

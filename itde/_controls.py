@@ -11,21 +11,44 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._checks import check_bool, check_dtype, check_int, check_key
+from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
 from ._operators._attention import Attention, check_heads
-from ._operators._feedforward import FeedForward
+from ._operators._feedforward import FeedForward, GatedFeedForward
 from ._operators._layernorm import LayerNormProjection
+from ._operators._rmsnorm import RMSNormProjection
 from ._polynomials import legendre
+
+#: The normalisations a block can hold (`Block.init(norm=...)`).
+NORMS: tuple[str, ...] = ("layer", "rms")
 
 
 class Block(eqx.Module):
-    r"""The controls of one layer: attention kernels, the two constraint sets and the
+    r"""The controls of one layer: attention kernels, the two normalisations and the
     feed-forward kernels, $\theta_n = \{W^Q, W^K, W^V, W^O, S_1^{(1)}, W_1, b_1, W_2, b_2,
-    S_1^{(2)}\}$."""
+    S_1^{(2)}\}$.
 
-    attention: Attention
-    norm1: LayerNormProjection
-    feedforward: FeedForward
-    norm2: LayerNormProjection
+    `norm1` is the normalisation that goes with the attention sub-flow and `norm2` the one
+    that goes with the feed-forward: constraints after them in a post-norm equation, maps
+    before them in a pre-norm one (see [`TransformerIDE`][itde.TransformerIDE]'s `block`).
+    """
+
+    attention: AbstractAttention
+    norm1: AbstractNorm
+    feedforward: AbstractFeedForward
+    norm2: AbstractNorm
+
+    def __check_init__(self):
+        for name, base, what in (
+            ("attention", AbstractAttention, "itde.Attention or itde.FunctionAttention"),
+            ("norm1", AbstractNorm, "itde.LayerNormProjection or itde.RMSNormProjection"),
+            ("feedforward", AbstractFeedForward, "itde.FeedForward, GatedFeedForward or "
+             "FunctionFeedForward"),
+            ("norm2", AbstractNorm, "itde.LayerNormProjection or itde.RMSNormProjection"),
+        ):  # fmt: skip
+            if not isinstance(getattr(self, name), base):
+                raise TypeError(
+                    f"`Block.{name}` must be an {what}, got {type(getattr(self, name)).__name__}."
+                )
 
     @classmethod
     def init(
@@ -38,29 +61,47 @@ class Block(eqx.Module):
         activation: str = "relu",
         eps: float = 1e-5,
         bias: bool = True,
+        norm: str = "layer",
+        gated: bool = False,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         dtype=None,
     ) -> Block:
-        """Random discrete controls for one layer (PyTorch's default initialisation)."""
-        check_heads(n_features, n_heads)
+        """Random discrete controls for one layer (PyTorch's default initialisation).
+
+        `norm`: `"layer"` ([`LayerNormProjection`][itde.LayerNormProjection], with a
+        shift when `bias`) or `"rms"` ([`RMSNormProjection`][itde.RMSNormProjection]);
+        `gated`: a [`GatedFeedForward`][itde.GatedFeedForward] (SwiGLU with
+        `activation="silu"`); `n_kv_heads`, `head_dim`: see
+        [`Attention.init`][itde.Attention.init]."""
+        if head_dim is None:
+            check_heads(n_features, n_heads)
         check_int("n_hidden", n_hidden, minimum=1)
         check_bool("bias", bias)
+        check_bool("gated", gated)
+        if norm not in NORMS:
+            raise ValueError(f"`norm`={norm!r} is not known; choose one of {list(NORMS)}.")
         dtype = check_dtype("dtype", dtype)
         check_key("key", key)
         ka, kf = jax.random.split(key)
 
-        def norm():
+        def make_norm():
             ones, zeros = jnp.ones((n_features,), dtype), jnp.zeros((n_features,), dtype)
+            if norm == "rms":
+                return RMSNormProjection(jnp.ones((), dtype), ones, eps)
             return LayerNormProjection(
                 jnp.zeros((), dtype), jnp.ones((), dtype), ones, zeros if bias else None, eps
             )
 
+        ff_cls = GatedFeedForward if gated else FeedForward
         return cls(
-            Attention.init(ka, n_features, n_heads, bias=bias, dtype=dtype),
-            norm(),
-            FeedForward.init(
-                kf, n_features, n_hidden, activation=activation, bias=bias, dtype=dtype
+            Attention.init(
+                ka, n_features, n_heads, bias=bias, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                dtype=dtype,
             ),
-            norm(),
+            make_norm(),
+            ff_cls.init(kf, n_features, n_hidden, activation=activation, bias=bias, dtype=dtype),
+            make_norm(),
         )
 
 

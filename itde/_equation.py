@@ -1,7 +1,9 @@
 r"""The Transformer integro-differential equation and its solution through diffrax.
 
 $$u_t = A(u) + \partial I_{S_1(\sigma_1,\sigma_2)}(u) + F(u) + \partial I_{S_1}(u),
-\qquad u(x, y, 0) = f(x, y).$$
+\qquad u(x, y, 0) = f(x, y)$$
+
+(post-norm), and its pre-norm and parallel relatives $u_t = A(N_1 u) + F(N_2 u)$.
 """
 
 from __future__ import annotations
@@ -13,28 +15,65 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from itde_solvers import ProjectionTerm, SplitTerm
 
 from ._abstract import AbstractEquation
 from ._checks import check_bool, check_choice, check_int, check_key
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
+from ._operators._abstract import AbstractNorm
 from ._operators._attention import check_heads
 from ._operators._feedforward import check_activation
-from ._operators._layernorm import LayerNormProjection, feature_mean
-from ._quadrature._rules import Grid
-from ._registry import ATTENTION_IMPLS, FFN_FORMS, TERMS_KINDS
+from ._operators._rope import Rope
+from ._quadrature._rules import AbstractQuadrature, Grid
+from ._registry import ATTENTION_IMPLS, BLOCK_FORMS, FFN_FORMS, TERMS_KINDS
 from ._solve import solve
 
 
 def _batched(flow):
-    """A sub-flow mapped over a leading batch axis of the state."""
+    """A sub-flow mapped over a leading batch axis of the state (and of `args`, the
+    per-sequence key masks, when given)."""
     if isinstance(flow, ProjectionTerm):
         p = flow.projection
         return ProjectionTerm(lambda t, u: jax.vmap(lambda v: p(t, v))(u))
     f = flow.vector_field
-    return diffrax.ODETerm(lambda t, u, args: jax.vmap(lambda v: f(t, v, args))(u))
+
+    def field(t, u, args):
+        axes = (0, None if args is None else 0)
+        return jax.vmap(lambda v, a: f(t, v, a), in_axes=axes)(u, args)
+
+    return diffrax.ODETerm(field)
+
+
+def key_mask(mask, n_tokens: int, name: str = "mask"):
+    """A key mask as booleans `[n_tokens]` (or `[batch, n_tokens]`): True on real tokens.
+
+    Accepts booleans and integer 0/1 masks (Hugging Face's `attention_mask`); names the
+    argument, the shape and the dtype it got otherwise."""
+    if mask is None:
+        return None
+    if type(mask).__module__.startswith("torch"):
+        raise TypeError(
+            f"`{name}` is a torch tensor; convert it first: "
+            f"`jnp.asarray({name}.detach().cpu().numpy())`."
+        )
+    mask = jnp.asarray(mask)
+    if mask.shape[-1:] != (n_tokens,):
+        raise ValueError(
+            f"`{name}` must have one entry per token, shape [..., {n_tokens}] for a sequence of "
+            f"{n_tokens} tokens, got shape {mask.shape}."
+        )
+    if mask.dtype == jnp.bool_:
+        return mask
+    if not jnp.issubdtype(mask.dtype, jnp.integer):
+        raise TypeError(
+            f"`{name}` must be boolean (True on real tokens, False on padding) or integer "
+            f"0/1, got dtype {mask.dtype}."
+        )
+    if not isinstance(mask, jax.core.Tracer) and not bool(jnp.all((mask == 0) | (mask == 1))):
+        raise ValueError(f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values.")
+    return mask != 0
 
 
 def _unit_or(weights: np.ndarray) -> np.ndarray | None:
@@ -52,7 +91,35 @@ class TransformerIDE(AbstractEquation):
     $\Delta t = 1$ over the sub-flows (attention, projection onto $S_1$, feed-forward,
     projection onto $S_1$) — and applies the optional final projection. That is exactly
     a post-LN Transformer encoder (`nn.TransformerEncoderLayer(norm_first=False)`).
-    Batch with `jax.vmap(model)`.
+    Batch with `jax.vmap(model)` or [`batch`][itde.TransformerIDE.batch].
+
+    **The family** (`block`):
+
+    - `"post_norm"` (the paper; BERT, the 2017 Transformer): the normalisations are
+      projections onto constraint sets, sub-flows of their own:
+      $u_t = A(u) + \partial I_{S^{(1)}}(u) + F(u) + \partial I_{S^{(2)}}(u)$.
+    - `"pre_norm"` (GPT-2, Llama, ViT, `norm_first=True`): the normalisations are maps
+      inside the operators, not constraints on the state,
+      $$u_t = A(N_1 u) + F(N_2 u),$$
+      an ODE with no constraint. Lie splitting with Euler sub-steps and $\Delta t = 1$ is
+      the pre-norm block $u \mapsto v + F(N_2 v)$, $v = u + A(N_1 u)$; the final norm
+      (`final_norm`, GPT-2's `ln_f`) is the output map. Its continuum limit is integrated
+      by any diffrax solver directly.
+    - `"parallel"` (GPT-J, PaLM): the same field $A(N_1 u) + F(N_2 u)$ taken as one
+      sub-flow; one Euler step with $\Delta t = 1$ is the parallel block
+      $u + A(N_1 u) + F(N_2 u)$ (GPT-J shares one norm: $N_1 = N_2$).
+
+    The normalisations are [`LayerNormProjection`][itde.LayerNormProjection] or
+    [`RMSNormProjection`][itde.RMSNormProjection] (in any placement); the feed-forward a
+    [`FeedForward`][itde.FeedForward] or a gated [`GatedFeedForward`][itde.GatedFeedForward].
+
+    **Padding.** `model(u0, mask=m)` with `m` a `[tokens]` boolean (or 0/1) array, False on
+    padded tokens: the token domain of the sequence loses the padded tokens (their
+    quadrature weight is 0), so real tokens never see them. The mask is data, not an
+    option: one compiled model serves every mask (it reaches the vector fields as diffrax's
+    `args`). Padded tokens themselves evolve like any token that attends to the real
+    ones, and their output is defined but carries no meaning; a query with no admissible
+    key (a padded token before every real one, with `causal`) gets attention output 0.
 
     **Arguments:**
 
@@ -60,13 +127,17 @@ class TransformerIDE(AbstractEquation):
       discrete Transformer) or `LegendreControls` (smooth in depth).
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
+    - `block`: `"post_norm"` (default), `"pre_norm"` or `"parallel"` (see above).
     - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$.
     - `ffn_form`: `"residual"` — the feed-forward sub-flow is an Euler step of $F$,
       $u_5 = u_2 + F(u_2)$ (PyTorch's block for any $\varepsilon$) — or `"relaxation"`,
       the paper's $u_5 = \tfrac12(u_4 + u_2)$ with $u_4 = F(u_2)$ (the same block when
       $\varepsilon = 0$, slightly different when $\varepsilon > 0$).
-    - `final_norm`: an optional projection applied after the solve
-      (`nn.TransformerEncoder(norm=...)`).
+    - `final_norm`: an optional normalisation applied after the solve
+      (`nn.TransformerEncoder(norm=...)`, GPT-2's `ln_f`, Llama's `norm`).
+    - `rope`: rotary position embedding ([`Rope`][itde.Rope]): queries and keys rotated by
+      the token positions, the nodes of the grid's token rule (so it evaluates on any 1-D
+      token grid).
     - `attention_impl`: `"dense"`, `"blocked"` (token blocks of `block_size`, memory
       linear in the number of tokens, same result to round-off) or `"fused"`
       (`jax.nn.dot_product_attention`; float32 softmax).
@@ -86,10 +157,12 @@ class TransformerIDE(AbstractEquation):
     grid: Grid
     causal: bool = eqx.field(static=True, default=False)
     ffn_form: str = eqx.field(static=True, default="residual")
-    final_norm: LayerNormProjection | None = None
+    final_norm: AbstractNorm | None = None
     attention_impl: str = eqx.field(static=True, default="dense")
     block_size: int = eqx.field(static=True, default=512)
     batch_axis: int = eqx.field(static=True, default=0)
+    block: str = eqx.field(static=True, default="post_norm")
+    rope: Rope | None = None
 
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
@@ -101,6 +174,20 @@ class TransformerIDE(AbstractEquation):
             raise TypeError(f"`grid` must be an itde.Grid, got {type(self.grid).__name__}.")
         check_bool("causal", self.causal)
         check_choice("ffn_form", self.ffn_form, FFN_FORMS)
+        check_choice("block", self.block, BLOCK_FORMS)
+        if self.ffn_form != "residual" and self.block != "post_norm":
+            raise ValueError(
+                f"`ffn_form`={self.ffn_form!r} is a form of the post-norm block's feed-forward "
+                f"substep; a `block`={self.block!r} model needs ffn_form='residual'."
+            )
+        if self.rope is not None:
+            if not isinstance(self.rope, Rope):
+                raise TypeError(f"`rope` must be an itde.Rope or None, got {self.rope!r}.")
+            if not isinstance(self.grid.tokens, AbstractQuadrature):
+                raise ValueError(
+                    "`rope` rotates by a 1-D token position; this grid's token domain is "
+                    f"{type(self.grid.tokens).__name__}. Use a 1-D token rule (e.g. Midpoint())."
+                )
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         check_int("block_size", self.block_size, minimum=1)
         if self.batch_axis not in (0, 1) or isinstance(self.batch_axis, bool):
@@ -108,10 +195,10 @@ class TransformerIDE(AbstractEquation):
                 f"`batch_axis`={self.batch_axis!r} must be 0 ([batch, tokens, features]) or 1 "
                 "([tokens, batch, features], PyTorch's batch_first=False)."
             )
-        if self.final_norm is not None and not isinstance(self.final_norm, LayerNormProjection):
+        if self.final_norm is not None and not isinstance(self.final_norm, AbstractNorm):
             raise TypeError(
-                f"`final_norm` must be an itde.LayerNormProjection or None, got "
-                f"{type(self.final_norm).__name__}."
+                f"`final_norm` must be an itde.LayerNormProjection, itde.RMSNormProjection or "
+                f"None, got {type(self.final_norm).__name__}."
             )
         d = self.controls.n_features
         if d is not None and self.grid.n_features != d:
@@ -136,13 +223,29 @@ class TransformerIDE(AbstractEquation):
         causal: bool = False,
         ffn_form: str = "residual",
         grid: Grid | None = None,
+        block: str = "post_norm",
+        norm: str = "layer",
+        gated: bool = False,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        rope_base: float | None = None,
+        final_norm: bool = False,
         dtype=None,
     ) -> TransformerIDE:
         """A model with random discrete per-layer controls (PyTorch's initialisation).
 
-        `n_hidden` defaults to `4 * n_features`; `grid` to the unit grid.
+        `n_hidden` defaults to `4 * n_features`; `grid` to the unit grid. The family:
+        `block` (`"post_norm"`, `"pre_norm"`, `"parallel"`), `norm` (`"layer"`, `"rms"`),
+        `gated` (SwiGLU/GeGLU feed-forward), `n_kv_heads` (grouped-query attention),
+        `head_dim`, `rope_base` (rotary positions with that base, e.g. 10000.0; None: no
+        RoPE), `final_norm` (a final normalisation of the same kind, identity-initialised).
+        For example a small Llama: `block="pre_norm", norm="rms", gated=True,
+        activation="silu", bias=False, rope_base=10000.0, final_norm=True, causal=True`.
         """
-        check_heads(n_features, n_heads)
+        check_choice("block", block, BLOCK_FORMS)
+        check_bool("final_norm", final_norm)
+        if head_dim is None:
+            check_heads(n_features, n_heads)
         check_activation(activation)
         check_bool("bias", bias)
         check_key("key", key)
@@ -161,15 +264,25 @@ class TransformerIDE(AbstractEquation):
                 activation=activation,
                 eps=eps,
                 bias=bias,
+                norm=norm,
+                gated=gated,
+                n_kv_heads=n_kv_heads,
+                head_dim=head_dim,
                 dtype=dtype,
             )
             for k in keys
         ]
+        rope = None
+        if rope_base is not None:
+            rope = Rope.init(blocks[0].attention.head_dim, base=rope_base)
         return cls(
             PiecewiseConstant(stack(blocks)),
             grid if grid is not None else Grid.unit(n_features),
             causal=causal,
             ffn_form=ffn_form,
+            final_norm=blocks[0].norm2 if final_norm else None,
+            block=block,
+            rope=rope,
         )
 
     # ----------------------------------------------------------------- properties
@@ -186,26 +299,47 @@ class TransformerIDE(AbstractEquation):
     def _feature_weights(self):
         return _unit_or(self.grid.feature_weights())
 
+    def _rotary(self, u):
+        if self.rope is None:
+            return None
+        x, _ = self.grid.tokens.nodes_weights(u.shape[0])
+        return self.rope.cos_sin(x, u.dtype)
+
     def attention_field(self, t, u, args=None):
-        """The vector field $A(u)$ at depth `t`."""
-        att, head_weights = self.controls(t, "right").attention.discretise(self.grid)
+        """The vector field $A(u)$ at depth `t` ($A(N_1 u)$ for pre-norm and parallel
+        blocks). `args` is the key mask (`[tokens]` booleans) or None."""
+        block = self.controls(t, "right")
+        att, head_weights = block.attention.discretise(self.grid)
+        fw = self._feature_weights()
+        v = u if self.block == "post_norm" else block.norm1(u, fw)
         return att(
-            u,
-            feature_weights=self._feature_weights(),
+            v,
+            feature_weights=fw,
             head_weights=head_weights,
             token_log_weights=self.grid.token_log_weights(u.shape[0], u.dtype),
             causal=self.causal,
             impl=self.attention_impl,
             block_size=self.block_size,
+            key_mask=args,
+            rotary=self._rotary(u),
         )
 
     def feedforward_field(self, t, u, args=None):
-        """The vector field $F(u)$ at depth `t` (or $\\tfrac12(F(u) - u)$, relaxation form)."""
-        ff, hidden_weights = self.controls(t, "right").feedforward.discretise(self.grid)
-        f = ff(u, feature_weights=self._feature_weights(), hidden_weights=hidden_weights)
+        """The vector field $F(u)$ at depth `t` ($F(N_2 u)$ for pre-norm and parallel
+        blocks; $\\tfrac12(F(u) - u)$ in the post-norm relaxation form)."""
+        block = self.controls(t, "right")
+        ff, hidden_weights = block.feedforward.discretise(self.grid)
+        fw = self._feature_weights()
+        v = u if self.block == "post_norm" else block.norm2(u, fw)
+        f = ff(v, feature_weights=fw, hidden_weights=hidden_weights)
         if self.ffn_form == "relaxation":
             return 0.5 * (f - u)
         return f
+
+    def field(self, t, u, args=None):
+        """The whole unconstrained right-hand side $A(N_1 u) + F(N_2 u)$ of a pre-norm or
+        parallel equation (for a post-norm one see `tangent_field`)."""
+        return self.attention_field(t, u, args) + self.feedforward_field(t, u, args)
 
     def project1(self, t, u):
         """Projection onto the first constraint set of the layer acting at `t`."""
@@ -216,55 +350,60 @@ class TransformerIDE(AbstractEquation):
         return self.controls(t, "left").norm2(u, self._feature_weights())
 
     # ------------------------------------------------------------- continuum limit
-    def constraint(self, t) -> LayerNormProjection:
-        r"""The constraint set $S_1(\sigma_1(t), \sigma_2(t))$ of the continuum equation
-        (the second projection's set: the one every layer's output lies on)."""
-        norm = self.controls(t, "left").norm2
-        if norm.gain is not None or norm.shift is not None or norm.eps != 0.0:
+    def constraint(self, t) -> AbstractNorm:
+        r"""The constraint set of the continuum post-norm equation at `t` (the second
+        normalisation's set: the one every layer's output lies on), e.g.
+        $S_1(\sigma_1(t), \sigma_2(t))$."""
+        if self.block != "post_norm":
             raise ValueError(
-                "the continuum (tangent) form needs the exact projection onto "
-                "S1(sigma1, sigma2): LayerNormProjection with eps=0 and no per-feature "
-                f"gain/shift, got eps={norm.eps}, gain={'set' if norm.gain is not None else None}, "
-                f"shift={'set' if norm.shift is not None else None}. Use "
-                "LegendreControls.init(...) or set them so."
+                f"a `block`={self.block!r} equation has no constraint set: its normalisations "
+                "are maps inside the operators, and its continuum is an unconstrained ODE."
+            )
+        norm = self.controls(t, "left").norm2
+        if not norm.is_exact:
+            gain = "set" if norm.gain is not None else None
+            shift = "set" if getattr(norm, "shift", None) is not None else None
+            raise ValueError(
+                "the continuum (tangent) form of a post-norm equation needs the exact "
+                f"projection onto its constraint set: {type(norm).__name__} with eps=0 and no "
+                f"per-feature gain/shift, got eps={norm.eps}, gain={gain}, shift={shift}. Use "
+                "LegendreControls.init(...) (smooth controls with exact projections), or a "
+                "block='pre_norm' model, whose continuum needs no constraint."
             )
         return norm
 
     def project(self, t, u):
-        """Exact projection onto the continuum constraint set at `t`."""
+        """Exact projection onto the continuum constraint set at `t` (the identity for
+        pre-norm and parallel equations, which have none)."""
+        if self.block != "post_norm":
+            return u
         return self.constraint(t)(u, self._feature_weights())
 
     def _tangent(self, t, u, w, drift: bool):
-        r"""$P_T(z) w + [\sigma_1'(t) + \sigma_2'(t) z]$, $z = (u - \sigma_1)/\sigma_2$."""
+        r"""$P_T(u) w$ plus, with `drift`, the motion of the constraint set (for
+        $S_1$: $P_T(z) w + \sigma_1'(t) + \sigma_2'(t) z$, $z = (u - \sigma_1)/\sigma_2$)."""
         fw = self._feature_weights()
         norm = self.constraint(t)
-        s1, s2 = norm.sigma1.astype(u.dtype), norm.sigma2.astype(u.dtype)
-        z = (u - s1) / s2
-        out = w - feature_mean(w, fw) - feature_mean(w * z, fw) * z
+        out = norm.tangent(u, w, fw)
         if drift:
-
-            def sig(s):
-                n = self.controls(s, "left").norm2
-                return n.sigma1, n.sigma2
-
             t = jnp.asarray(t, u.dtype)
-            _, (d1, d2) = jax.jvp(sig, (t,), (jnp.ones_like(t),))
-            out = out + d1.astype(u.dtype) + d2.astype(u.dtype) * z
+            _, d_norm = jax.jvp(lambda s: self.controls(s, "left").norm2, (t,), (jnp.ones_like(t),))
+            out = out + norm.drift(u, d_norm, fw)
         return out
 
     def attention_tangent(self, t, u, args=None):
         """$P_T A(u)$ (no drift: the feed-forward sub-flow owns the constraint's motion)."""
-        return self._tangent(t, u, self.attention_field(t, u), drift=False)
+        return self._tangent(t, u, self.attention_field(t, u, args), drift=False)
 
     def feedforward_tangent(self, t, u, args=None):
         """$P_T F(u)$ plus the drift of the moving constraint: the last vector field, the
         one that owns the clock in `solvers.Strang` by default."""
-        return self._tangent(t, u, self.feedforward_field(t, u), drift=True)
+        return self._tangent(t, u, self.feedforward_field(t, u, args), drift=True)
 
     def tangent_field(self, t, u, args=None):
         r"""The continuum equation on $S_1(t)$:
         $u_t = P_T(z)[A(u) + F(u)] + \sigma_1'(t) + \sigma_2'(t) z$."""
-        w = self.attention_field(t, u) + self.feedforward_field(t, u)
+        w = self.attention_field(t, u, args) + self.feedforward_field(t, u, args)
         return self._tangent(t, u, w, drift=True)
 
     def terms(self, kind: str = "paper", batched: bool = False) -> SplitTerm:
@@ -281,8 +420,22 @@ class TransformerIDE(AbstractEquation):
         `batched=True` maps every sub-flow over a leading batch axis of the state
         (`[batch, tokens, features]`): one solve for the whole batch, which is cheaper in
         reverse mode than `jax.vmap` of the solve (see `TransformerIDE.batch`).
+
+        A pre-norm equation has no projections: `"paper"` and `"split"` are the two vector
+        fields $A(N_1 u)$, $F(N_2 u)$ (Lie with $\Delta t = 1$: the pre-norm block), and
+        `"tangent"` their sum. A parallel one: `"paper"` and `"tangent"` are the sum (one
+        Euler step with $\Delta t = 1$: the parallel block), `"split"` the two fields.
         """
-        if kind == "paper":
+        if kind not in TERMS_KINDS:
+            raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
+        if self.block != "post_norm":
+            two = (diffrax.ODETerm(self.attention_field), diffrax.ODETerm(self.feedforward_field))
+            one = (diffrax.ODETerm(self.field),)
+            if kind == "split" or (kind == "paper" and self.block == "pre_norm"):
+                flows = two
+            else:
+                flows = one
+        elif kind == "paper":
             flows = (
                 diffrax.ODETerm(self.attention_field),
                 ProjectionTerm(self.project1),
@@ -338,10 +491,13 @@ class TransformerIDE(AbstractEquation):
         return dataclasses.replace(self, controls=controls, grid=grid)
 
     # ----------------------------------------------------------------- solving
-    def __call__(self, u0: Float[Array, "tokens features"]) -> Float[Array, "tokens features"]:
+    def __call__(
+        self, u0: Float[Array, "tokens features"], mask: Bool[Array, " tokens"] | None = None
+    ) -> Float[Array, "tokens features"]:
         """The encoder's output for one sequence: $u(T)$ from the paper's scheme, in the
-        dtype of `u0`."""
-        sol = solve(self, u0)
+        dtype of `u0`. `mask`: `[tokens]` booleans (or 0/1), False on padded tokens."""
+        mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
+        sol = solve(self, u0, args=mask)
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
@@ -349,7 +505,9 @@ class TransformerIDE(AbstractEquation):
         return u.astype(u0.dtype)
 
     def batch(
-        self, u0: Float[Array, "batch tokens features"]
+        self,
+        u0: Float[Array, "batch tokens features"],
+        mask: Bool[Array, "batch tokens"] | None = None,
     ) -> Float[Array, "batch tokens features"]:
         """`jax.vmap(model)(u0)`, computed as one solve over the batch.
 
@@ -358,7 +516,9 @@ class TransformerIDE(AbstractEquation):
         backward pass (diffrax's checkpointed loop is then not batched).
 
         The batch is on axis `batch_axis` of `u0` (0 by default; 1 for a model converted
-        from a PyTorch module with `batch_first=False`), and stays there in the output."""
+        from a PyTorch module with `batch_first=False`), and stays there in the output.
+        `mask` is `[batch, tokens]` whatever the layout (booleans or 0/1, False on
+        padding), as Hugging Face's `attention_mask`."""
         if type(u0).__module__.startswith("torch"):
             self.check_state(u0, "u0")
         if getattr(u0, "ndim", None) != 3:
@@ -376,7 +536,13 @@ class TransformerIDE(AbstractEquation):
                 f"`u0` is an empty batch (axis {self.batch_axis} has length 0); give at least "
                 "one sequence."
             )
-        sol = solve(self, x, batched=True)
+        if mask is not None:
+            mask = key_mask(mask, x.shape[1])
+            if mask.shape != x.shape[:2]:
+                raise ValueError(
+                    f"`mask` must have shape [batch, tokens] = {x.shape[:2]}, got {mask.shape}."
+                )
+        sol = solve(self, x, batched=True, args=mask)
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
@@ -385,7 +551,7 @@ class TransformerIDE(AbstractEquation):
         return jnp.moveaxis(u.astype(u0.dtype), 0, self.batch_axis)
 
     def trajectory(
-        self, u0: Float[Array, "tokens features"]
+        self, u0: Float[Array, "tokens features"], mask: Bool[Array, " tokens"] | None = None
     ) -> Float[Array, "layers1 tokens features"]:
         """The state after every layer: `[n_layers + 1, tokens, features]`, $u(t_n)$, in the
         dtype of `u0` (per-layer controls only: for smooth controls save the states at
@@ -399,6 +565,7 @@ class TransformerIDE(AbstractEquation):
             )
         self.check_state(u0, "u0")
         ts = np.asarray(self.controls.layer_times())
-        sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts))
+        mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
+        sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts), args=mask)
         assert sol.ys is not None
         return sol.ys.astype(u0.dtype)

@@ -18,6 +18,9 @@ from ._quadrature._rules import RULES
 
 #: How the last substep of the feed-forward combines: u + F(u), or the relaxation (u + F(u))/2.
 FFN_FORMS: tuple[str, ...] = ("residual", "relaxation")
+#: Where the normalisations sit in a block (see `TransformerIDE`): constraints after each
+#: sub-flow (the paper), maps before each operator, or one parallel field.
+BLOCK_FORMS: tuple[str, ...] = ("post_norm", "pre_norm", "parallel")
 #: How a model splits its right-hand side (see `TransformerIDE.terms`).
 TERMS_KINDS: tuple[str, ...] = ("paper", "split", "tangent")
 
@@ -49,6 +52,7 @@ SCHEMES: dict[str, Scheme] = {
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_IMPLS",
+    "BLOCK_FORMS",
     "FFN_FORMS",
     "RULES",
     "SCHEMES",

@@ -78,6 +78,7 @@ def solve(
     terms: str | SplitTerm | None = None,
     batched: bool = False,
     throw: bool = True,
+    args=None,
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
@@ -128,6 +129,9 @@ def solve(
       Same result as `jax.vmap` of the solve, with a cheaper backward pass.
     - `throw`: as in `diffrax.diffeqsolve`: raise if the solve fails (e.g. `max_steps`
       reached); with `False` the failure is in `Solution.result`.
+    - `args`: per-sequence data handed to the vector fields, as diffrax's `args`: for a
+      `TransformerIDE`, the key mask (`[tokens]` booleans, False on padding; `[batch,
+      tokens]` with `batched=True`), or None.
     """
     if not isinstance(model, AbstractEquation):
         raise TypeError(
@@ -281,6 +285,7 @@ def solve(
         adjoint=adjoint,
         max_steps=steps,
         throw=check_bool("throw", throw),
+        args=args,
         **kwargs,
     )
 

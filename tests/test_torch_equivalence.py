@@ -174,10 +174,15 @@ def test_relaxation_form_differs_by_the_analytic_order_eps_effect():
     assert float(np.max(np.abs(measured))) > 1e-3  # the effect is real at this eps
 
 
-def test_pre_ln_rejected_and_bad_modules():
+def test_pre_ln_relaxation_mixed_layers_and_bad_modules_rejected():
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, norm_first=True)
-    with pytest.raises(ValueError, match="norm_first=True"):
-        itde.from_torch(layer)
+    with pytest.raises(ValueError, match="ffn_form='residual'"):
+        itde.from_torch(layer, ffn_form="relaxation")
+    post = torch.nn.TransformerEncoderLayer(8, 2, 16, norm_first=False)
+    enc = torch.nn.TransformerEncoder(post, 2, enable_nested_tensor=False)
+    enc.layers[1] = layer
+    with pytest.raises(ValueError, match="norm_first"):
+        itde.from_torch(enc)
     with pytest.raises(TypeError, match="Linear"):
         itde.from_torch(torch.nn.Linear(3, 3))
 

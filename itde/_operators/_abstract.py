@@ -14,7 +14,9 @@ import abc
 from typing import TYPE_CHECKING
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
 if TYPE_CHECKING:
     from .._quadrature._rules import Grid
@@ -44,3 +46,48 @@ class AbstractFeedForward(eqx.Module):
         when every hidden weight is 1.
 
         A discrete `FeedForward` returns `(self, None)`."""
+
+
+class AbstractNorm(eqx.Module):
+    r"""A normalisation read as the projection onto a constraint set on the feature domain,
+    then an optional per-feature affine map: [`LayerNormProjection`][itde.LayerNormProjection]
+    (the set $S_1(\sigma_1, \sigma_2)$ of fixed mean and variance) or
+    [`RMSNormProjection`][itde.RMSNormProjection] (the sphere of fixed mean square).
+
+    In a post-norm equation the normalisation is a constraint on the state (a projection
+    sub-flow); in a pre-norm equation it is a map inside each operator. The continuum
+    (tangent) form of a post-norm equation asks the norm for the tangent projection of its
+    set (`tangent`) and for the motion of the set in depth (`drift`).
+    """
+
+    eps: eqx.AbstractVar[float]
+
+    @abc.abstractmethod
+    def __call__(
+        self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
+    ) -> Float[Array, "tokens features"]:
+        """The normalised state (projection, then gain and shift)."""
+
+    @property
+    @abc.abstractmethod
+    def is_exact(self) -> bool:
+        """True when the map is exactly the projection onto the constraint set: `eps=0`
+        and no per-feature affine map (what the continuum form needs)."""
+
+    @abc.abstractmethod
+    def tangent(self, u, w, feature_weights: np.ndarray | None = None):
+        r"""The projection of a velocity `w` onto the tangent space of the set at `u`
+        (`u` on the set)."""
+
+    @abc.abstractmethod
+    def drift(self, u, d_norm: AbstractNorm, feature_weights: np.ndarray | None = None):
+        r"""The velocity of the point of the moving set that follows `u`, when the set's
+        parameters move at rate `d_norm` (a tangent of this module, from `jax.jvp`)."""
+
+
+def feature_mean(u: Float[Array, "tokens features"], weights: np.ndarray | None):
+    r"""Per-token mean over the feature domain, $\frac{1}{|\Omega_y|}\int_{\Omega_y} u\,dy$."""
+    if weights is None:
+        return jnp.mean(u, axis=-1, keepdims=True)
+    w = jnp.asarray(weights / weights.sum(), dtype=u.dtype)
+    return jnp.sum(u * w, axis=-1, keepdims=True)

@@ -7,11 +7,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from .._checks import check_int
 from ._abstract import AbstractAttention
 from ._blocked import blocked_attention, dense_attention, fused_attention
 from ._precision import contract
+from ._rope import rotate
 
 ATTENTION_CORES = {
     "dense": dense_attention,
@@ -49,30 +51,56 @@ class Attention(AbstractAttention):
     `nn.MultiheadAttention` with scaling $1/\sqrt{d_\mathrm{head}}$. The causal (Volterra)
     form integrates over $\tilde x \le x$ only.
 
-    Parameters are stored per head: `wq, wk, wv` of shape `[heads, features, head_dim]`,
-    `wo` of shape `[heads, head_dim, features]`, optional biases `bq, bk, bv`
-    (`[heads, head_dim]`) and `bo` (`[features]`).
+    **Grouped-query attention.** Keys and values may have fewer heads than queries
+    (`n_kv_heads` dividing `n_heads`; 1 is multi-query attention): query head $m$ reads
+    key/value head $\lfloor m / (h / h_{kv}) \rfloor$, as Hugging Face's `repeat_kv`. The
+    head size need not be `n_features / n_heads`, and the value size may differ from the
+    query/key size.
+
+    **Positions and masks** (keywords of `__call__`): `rotary` rotates queries and keys by
+    their token positions ([`Rope`][itde.Rope]); `key_mask` removes keys from the token
+    domain (padding), as quadrature weights that vanish on them.
+
+    Parameters are stored per head: `wq` of shape `[heads, features, head_dim]`, `wk`
+    `[kv_heads, features, head_dim]`, `wv` `[kv_heads, features, value_dim]`, `wo`
+    `[heads, value_dim, features]`, optional biases `bq` (`[heads, head_dim]`), `bk`
+    (`[kv_heads, head_dim]`), `bv` (`[kv_heads, value_dim]`) and `bo` (`[features]`).
     """
 
     wq: Float[Array, "heads features head_dim"]
-    wk: Float[Array, "heads features head_dim"]
-    wv: Float[Array, "heads features head_dim"]
-    wo: Float[Array, "heads head_dim features"]
+    wk: Float[Array, "kv_heads features head_dim"]
+    wv: Float[Array, "kv_heads features value_dim"]
+    wo: Float[Array, "heads value_dim features"]
     bq: Float[Array, "heads head_dim"] | None
-    bk: Float[Array, "heads head_dim"] | None
-    bv: Float[Array, "heads head_dim"] | None
+    bk: Float[Array, "kv_heads head_dim"] | None
+    bv: Float[Array, "kv_heads value_dim"] | None
     bo: Float[Array, " features"] | None
 
     def __check_init__(self):
+        if getattr(self.wq, "ndim", None) != 3:
+            raise ValueError(
+                f"`Attention.wq` must have shape [heads, features, head_dim], got "
+                f"{getattr(self.wq, 'shape', None)}; for one head use wq[None]."
+            )
         h, d, dh = self.wq.shape
-        for name in ("wk", "wv"):
-            if getattr(self, name).shape != (h, d, dh):
-                raise ValueError(
-                    f"`Attention.{name}` has shape {getattr(self, name).shape}, expected "
-                    f"{(h, d, dh)} to match `wq`."
-                )
-        if self.wo.shape != (h, dh, d):
-            raise ValueError(f"`Attention.wo` has shape {self.wo.shape}, expected {(h, dh, d)}.")
+        hkv = self.wk.shape[0] if getattr(self.wk, "ndim", None) == 3 else None
+        if hkv is None or self.wk.shape != (hkv, d, dh) or h % hkv:
+            raise ValueError(
+                f"`Attention.wk` has shape {getattr(self.wk, 'shape', None)}, expected "
+                f"[kv_heads, {d}, {dh}] with kv_heads dividing the {h} query heads of `wq`."
+            )
+        if getattr(self.wv, "ndim", None) != 3 or self.wv.shape[:2] != (hkv, d):
+            raise ValueError(
+                f"`Attention.wv` has shape {getattr(self.wv, 'shape', None)}, expected "
+                f"[{hkv}, {d}, value_dim] to match `wk`."
+            )
+        dv = self.wv.shape[2]
+        if self.wo.shape != (h, dv, d):
+            raise ValueError(f"`Attention.wo` has shape {self.wo.shape}, expected {(h, dv, d)}.")
+        for name, shape in (("bq", (h, dh)), ("bk", (hkv, dh)), ("bv", (hkv, dv)), ("bo", (d,))):
+            b = getattr(self, name)
+            if b is not None and b.shape != shape:
+                raise ValueError(f"`Attention.{name}` has shape {b.shape}, expected {shape}.")
 
     def discretise(self, grid) -> tuple[Attention, None]:
         """Already discrete: `(self, None)` (unit head weights), on a grid of its width."""
@@ -91,27 +119,57 @@ class Attention(AbstractAttention):
     def head_dim(self) -> int:
         return self.wq.shape[-1]
 
+    @property
+    def n_kv_heads(self) -> int:
+        return self.wk.shape[-3]
+
+    @property
+    def value_dim(self) -> int:
+        return self.wv.shape[-1]
+
     @classmethod
     def init(
-        cls, key: PRNGKeyArray, n_features: int, n_heads: int, *, bias: bool = True, dtype=None
+        cls,
+        key: PRNGKeyArray,
+        n_features: int,
+        n_heads: int,
+        *,
+        bias: bool = True,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype=None,
     ) -> Attention:
-        """Random discrete kernels (Xavier-uniform, as `nn.MultiheadAttention`)."""
-        n_features, n_heads = check_heads(n_features, n_heads)
-        d, h = n_features, n_heads
-        dh = d // h
+        """Random discrete kernels (Xavier-uniform, as `nn.MultiheadAttention`).
+
+        `n_kv_heads` (default `n_heads`) must divide `n_heads`; `head_dim` defaults to
+        `n_features // n_heads`, which then must be exact."""
+        if head_dim is None:
+            n_features, n_heads = check_heads(n_features, n_heads)
+            head_dim = n_features // n_heads
+        else:
+            n_features = check_int("n_features", n_features, minimum=1)
+            n_heads = check_int("n_heads", n_heads, minimum=1)
+            head_dim = check_int("head_dim", head_dim, minimum=1)
+        hkv = n_heads if n_kv_heads is None else check_int("n_kv_heads", n_kv_heads, minimum=1)
+        if n_heads % hkv:
+            raise ValueError(
+                f"`n_kv_heads`={hkv} must divide `n_heads`={n_heads} (each key/value head "
+                "serves the same number of query heads)."
+            )
+        d, h, dh = n_features, n_heads, head_dim
         dtype = dtype or jnp.zeros(()).dtype
         kq, kk, kv, ko = jax.random.split(key, 4)
-        lim = math.sqrt(6.0 / (d + 3 * d))  # xavier on the packed [3d, d] in_proj
+        lim = math.sqrt(6.0 / (d + 3 * h * dh))  # xavier on the packed [3 h dh, d] in_proj
         u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
         zeros = (lambda s: jnp.zeros(s, dtype)) if bias else (lambda s: None)
         return cls(
             wq=u(kq, (h, d, dh), lim),
-            wk=u(kk, (h, d, dh), lim),
-            wv=u(kv, (h, d, dh), lim),
-            wo=u(ko, (h, dh, d), 1 / math.sqrt(d)),
+            wk=u(kk, (hkv, d, dh), lim),
+            wv=u(kv, (hkv, d, dh), lim),
+            wo=u(ko, (h, dh, d), 1 / math.sqrt(h * dh)),
             bq=zeros((h, dh)),
-            bk=zeros((h, dh)),
-            bv=zeros((h, dh)),
+            bk=zeros((hkv, dh)),
+            bv=zeros((hkv, dh)),
             bo=zeros((d,)),
         )
 
@@ -125,6 +183,8 @@ class Attention(AbstractAttention):
         causal: bool = False,
         impl: str = "dense",
         block_size: int = 512,
+        key_mask: Bool[Array, " tokens"] | None = None,
+        rotary: tuple[Array, Array] | None = None,
     ) -> Float[Array, "tokens features"]:
         """Apply $A$ to one sequence.
 
@@ -141,17 +201,32 @@ class Attention(AbstractAttention):
           (token blocks of `block_size` with an online softmax: memory linear in the
           tokens, the same result to round-off) or `"fused"`
           (`jax.nn.dot_product_attention`, whose softmax runs in float32).
+        - `key_mask`: `[tokens]` booleans, False on keys outside the sequence (padding):
+          their quadrature weight is 0. A query keeps its own output; a query with no
+          admissible key (e.g. a padded token before every real one under `causal`) gets
+          attention output 0 (`bo` only).
+        - `rotary`: `(cos, sin)` from [`Rope.cos_sin`][itde.Rope.cos_sin] at the token
+          positions: queries and keys are rotated by them before the score.
         """
         dtype = u.dtype
         uw = _weighted(u, feature_weights)
         q = _add_bias(contract("nd,hde->hne", uw, self.wq), self.bq)
         k = _add_bias(contract("nd,hde->hne", uw, self.wk), self.bk)
         v = _add_bias(contract("nd,hde->hne", uw, self.wv), self.bv)
+        if rotary is not None:
+            q, k = rotate(q, rotary), rotate(k, rotary)
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:  # grouped-query attention: query head m reads key/value head m // rep
+            k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
         if impl not in ATTENTION_CORES:
             raise ValueError(f"`impl`={impl!r} is not known; choose one of {ATTENTION_IMPLS}.")
         lw = None if token_log_weights is None else token_log_weights.astype(dtype)
+        if key_mask is not None:
+            check_key_mask(key_mask, u.shape[0])
+            lw = jnp.zeros((u.shape[0],), dtype) if lw is None else lw
+            lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, dtype))
         core = ATTENTION_CORES[impl]
         o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
         out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
@@ -180,3 +255,18 @@ def check_heads(n_features, n_heads) -> tuple[int, int]:
             f"choose n_heads among {divisors}."
         )
     return int(n_features), int(n_heads)
+
+
+def check_key_mask(mask, n_tokens: int, name: str = "mask") -> None:
+    """A key mask must be `[tokens]` booleans (or integers 0/1): name the shape and dtype."""
+    shape = getattr(mask, "shape", None)
+    if shape != (n_tokens,):
+        raise ValueError(
+            f"`{name}` must have shape [tokens] = ({n_tokens},) for a sequence of {n_tokens} "
+            f"tokens, got shape {shape}."
+        )
+    if mask.dtype != jnp.bool_:
+        raise TypeError(
+            f"`{name}` must be a boolean array (True on real tokens, False on padding), got "
+            f"dtype {mask.dtype}; e.g. `{name}.astype(bool)` for a 0/1 attention mask."
+        )

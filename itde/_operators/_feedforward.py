@@ -19,6 +19,8 @@ ACTIVATIONS: dict[str, object] = {
     "relu": jax.nn.relu,  # the projection onto S2 = {u >= 0}
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,  # x sigmoid(x), a.k.a. swish (Llama's SwiGLU)
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP's approximation
 }
 
 
@@ -35,7 +37,8 @@ class FeedForward(AbstractFeedForward):
     + b_1(z)\Big)\,dz + b_2(y)$.
 
     $\rho$ is ReLU — the projection onto $S_2 = \{u \ge 0\}$, the paper's semi-implicit
-    substep — or, as an option, GELU (smooth, for clean high-order convergence studies).
+    substep — or a smooth activation (GELU exact or tanh, SiLU, quick GELU: see
+    `itde.ACTIVATIONS`), for clean high-order convergence studies and converted models.
     The hidden domain $\Omega_z$ may have a different number of nodes from $\Omega_y$
     (`d_ff != d`). On the unit grid this is PyTorch's `linear2(act(linear1(u)))`.
     """
@@ -97,6 +100,94 @@ class FeedForward(AbstractFeedForward):
         if self.b1 is not None:
             h = h + self.b1.astype(dtype)
         out = contract("nh,hd->nd", _weighted(act(h), hidden_weights), self.w2)  # type: ignore[operator]
+        if self.b2 is not None:
+            out = out + self.b2.astype(dtype)
+        return out
+
+
+class GatedFeedForward(AbstractFeedForward):
+    r"""The gated feed-forward operator (GLU family: SwiGLU with `silu`, GeGLU with `gelu`):
+    $$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\big(G(x,z)\big)\,H(x,z)\,dz + b_2(y),$$
+    $G = \int_{\Omega_y} W_g(\xi,z)\,u(x,\xi)\,d\xi + b_g(z)$ and
+    $H = \int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi + b_1(z)$: a pointwise product of an
+    activated gate and a linear transform, both integral operators over the feature domain.
+    On the unit grid this is Llama's `down_proj(act(gate_proj(u)) * up_proj(u))`.
+
+    Parameters: `w_gate`, `w1` of shape `[features, hidden]`, `w2` of shape
+    `[hidden, features]`, optional biases `b_gate`, `b1` (`[hidden]`), `b2` (`[features]`).
+    """
+
+    w_gate: Float[Array, "features hidden"]
+    w1: Float[Array, "features hidden"]
+    w2: Float[Array, "hidden features"]
+    b_gate: Float[Array, " hidden"] | None
+    b1: Float[Array, " hidden"] | None
+    b2: Float[Array, " features"] | None
+    activation: str = eqx.field(static=True, default="silu")
+
+    def __check_init__(self):
+        check_activation(self.activation)
+        d, dff = self.w1.shape[-2:]
+        if self.w_gate.shape[-2:] != (d, dff):
+            raise ValueError(
+                f"`GatedFeedForward.w_gate` has shape {self.w_gate.shape}, expected {(d, dff)} "
+                f"to match `w1` of shape {self.w1.shape}."
+            )
+        if self.w2.shape[-2:] != (dff, d):
+            raise ValueError(
+                f"`GatedFeedForward.w2` has shape {self.w2.shape}, expected {(dff, d)} to "
+                f"match `w1` of shape {self.w1.shape}."
+            )
+
+    def discretise(self, grid) -> tuple[GatedFeedForward, None]:
+        """Already discrete: `(self, None)` (unit hidden weights), on a grid of its width."""
+        _check_width("GatedFeedForward", self.w1.shape[-2], grid)
+        return self, None
+
+    @classmethod
+    def init(
+        cls,
+        key: PRNGKeyArray,
+        n_features: int,
+        n_hidden: int,
+        *,
+        activation: str = "silu",
+        bias: bool = False,
+        dtype=None,
+    ) -> GatedFeedForward:
+        """Random discrete kernels (uniform $\\pm 1/\\sqrt{\\text{fan-in}}$, as `nn.Linear`)."""
+        dtype = dtype or jnp.zeros(()).dtype
+        kg, k1, k2, k3, k4, k5 = jax.random.split(key, 6)
+        a1, a2 = 1 / math.sqrt(n_features), 1 / math.sqrt(n_hidden)
+        u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
+        return cls(
+            w_gate=u(kg, (n_features, n_hidden), a1),
+            w1=u(k1, (n_features, n_hidden), a1),
+            w2=u(k2, (n_hidden, n_features), a2),
+            b_gate=u(k3, (n_hidden,), a1) if bias else None,
+            b1=u(k4, (n_hidden,), a1) if bias else None,
+            b2=u(k5, (n_features,), a2) if bias else None,
+            activation=check_activation(activation),
+        )
+
+    def __call__(
+        self,
+        u: Float[Array, "tokens features"],
+        *,
+        feature_weights: np.ndarray | None = None,
+        hidden_weights: np.ndarray | None = None,
+    ) -> Float[Array, "tokens features"]:
+        dtype = u.dtype
+        act = ACTIVATIONS[self.activation]
+        uw = _weighted(u, feature_weights)
+        g = contract("nd,dh->nh", uw, self.w_gate)
+        h = contract("nd,dh->nh", uw, self.w1)
+        if self.b_gate is not None:
+            g = g + self.b_gate.astype(dtype)
+        if self.b1 is not None:
+            h = h + self.b1.astype(dtype)
+        z = act(g) * h  # type: ignore[operator]
+        out = contract("nh,hd->nd", _weighted(z, hidden_weights), self.w2)
         if self.b2 is not None:
             out = out + self.b2.astype(dtype)
         return out

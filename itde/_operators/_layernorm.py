@@ -9,17 +9,12 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import check_float
+from ._abstract import AbstractNorm, feature_mean
+
+__all__ = ["LayerNormProjection", "feature_mean"]
 
 
-def feature_mean(u: Float[Array, "tokens features"], weights: np.ndarray | None):
-    r"""Per-token mean over the feature domain, $\frac{1}{|\Omega_y|}\int_{\Omega_y} u\,dy$."""
-    if weights is None:
-        return jnp.mean(u, axis=-1, keepdims=True)
-    w = jnp.asarray(weights / weights.sum(), dtype=u.dtype)
-    return jnp.sum(u * w, axis=-1, keepdims=True)
-
-
-class LayerNormProjection(eqx.Module):
+class LayerNormProjection(AbstractNorm):
     r"""Projection onto $S_1(\sigma_1,\sigma_2)=\{u:\ \mathrm{mean}_y u=\sigma_1,\
     \mathrm{var}_y u=\sigma_2^2\}$ for every token, then an optional per-feature affine map.
 
@@ -120,3 +115,20 @@ class LayerNormProjection(eqx.Module):
             jnp.max(jnp.abs(mean - self.sigma1.astype(u.dtype))),
             jnp.max(jnp.abs(var - self.sigma2.astype(u.dtype) ** 2)),
         )
+
+    @property
+    def is_exact(self) -> bool:
+        return self.gain is None and self.shift is None and self.eps == 0.0
+
+    def tangent(self, u, w, feature_weights=None):
+        r"""$P_T(z)\,w = w - \overline{w} - \overline{w z}\,z$ with
+        $z = (u - \sigma_1)/\sigma_2$: the tangent space of $S_1$ at `u`."""
+        s1, s2 = self.sigma1.astype(u.dtype), self.sigma2.astype(u.dtype)
+        z = (u - s1) / s2
+        return w - feature_mean(w, feature_weights) - feature_mean(w * z, feature_weights) * z
+
+    def drift(self, u, d_norm, feature_weights=None):
+        r"""$\sigma_1' + \sigma_2' z$: the point $\sigma_1 + \sigma_2 z$ with $z$ fixed."""
+        s1, s2 = self.sigma1.astype(u.dtype), self.sigma2.astype(u.dtype)
+        z = (u - s1) / s2
+        return d_norm.sigma1.astype(u.dtype) + d_norm.sigma2.astype(u.dtype) * z

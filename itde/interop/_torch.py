@@ -1,4 +1,5 @@
-"""Exact conversion between PyTorch's post-LN Transformer encoder and `TransformerIDE`."""
+"""Exact conversion between PyTorch's Transformer encoder (post-LN and pre-LN) and
+`TransformerIDE`."""
 
 from __future__ import annotations
 
@@ -91,11 +92,6 @@ def _norm(ln) -> LayerNormProjection:
 
 
 def _block(layer) -> Block:
-    if getattr(layer, "norm_first", False):
-        raise ValueError(
-            "`module` is a pre-LN layer (norm_first=True), which is not the paper's scheme "
-            "(LayerNorm after each residual). Build it with norm_first=False."
-        )
     mha = layer.self_attn
     if not mha._qkv_same_embed_dim:
         raise ValueError(
@@ -136,9 +132,11 @@ def _block(layer) -> Block:
 
 
 def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual") -> TransformerIDE:
-    """Convert a PyTorch post-LN encoder into an equivalent `TransformerIDE`.
+    """Convert a PyTorch Transformer encoder into an equivalent `TransformerIDE`.
 
-    `module` is an `nn.TransformerEncoderLayer` or an `nn.TransformerEncoder` (post-LN,
+    `module` is an `nn.TransformerEncoderLayer` or an `nn.TransformerEncoder`: post-LN
+    (`norm_first=False`, the paper's equation, `block="post_norm"`) or pre-LN
+    (`norm_first=True`, `block="pre_norm"`; `ffn_form` must then be `"residual"`),
     either `batch_first`, ReLU or GELU, any `nhead`, `dim_feedforward`,
     `layer_norm_eps`, with or without biases, with or without a final `norm`, in float64,
     float32, float16 or bfloat16). Pass `causal=True` to reproduce the module called with a
@@ -169,6 +167,18 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
         )
     check_bool("causal", causal)
     check_choice("ffn_form", ffn_form, FFN_FORMS)
+    firsts = {bool(getattr(layer, "norm_first", False)) for layer in layers}
+    if len(firsts) != 1:
+        raise ValueError(
+            "`module` mixes pre-LN and post-LN layers (`norm_first` differs between layers); "
+            "one equation has one block form."
+        )
+    block = "pre_norm" if firsts.pop() else "post_norm"
+    if block == "pre_norm" and ffn_form != "residual":
+        raise ValueError(
+            f"`ffn_form`={ffn_form!r} is a form of the post-LN feed-forward substep; a pre-LN "
+            "module (norm_first=True) converts with ffn_form='residual'."
+        )
     blocks = [_block(layer) for layer in layers]
     d = blocks[0].attention.n_features
     batch_first = bool(getattr(layers[0].self_attn, "batch_first", False))
@@ -179,6 +189,7 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
         ffn_form=ffn_form,
         final_norm=norm,
         batch_axis=0 if batch_first else 1,
+        block=block,
     )
 
 
@@ -196,12 +207,15 @@ def _torch_norm(norm: LayerNormProjection, d: int, bias: bool, dtype):
 
 
 def to_torch(model: TransformerIDE, *, batch_first: bool = True):
-    """The `nn.TransformerEncoder` (post-LN, eval mode) equal to a discrete `TransformerIDE`.
+    """The `nn.TransformerEncoder` (eval mode) equal to a discrete `TransformerIDE`:
+    post-LN for `block="post_norm"`, pre-LN (`norm_first=True`) for `block="pre_norm"`.
 
     Needs the unit grid (the standard Transformer's), per-layer (piecewise-constant)
-    controls with matrix kernels, and the residual feed-forward form (the relaxation form only when
-    $\\varepsilon = 0$, where the two agree). A causal model's module must be called with
-    a causal mask, as PyTorch's own API requires.
+    controls with matrix kernels, LayerNorm normalisations, a plain (not gated)
+    feed-forward with ReLU or GELU, attention PyTorch can hold (as many key/value heads
+    as query heads, head size `d_model / nhead`, no RoPE), and the residual feed-forward
+    form (the relaxation form only when $\\varepsilon = 0$, where the two agree). A causal
+    model's module must be called with a causal mask, as PyTorch's own API requires.
     """
     torch = _torch()
     if not isinstance(model, TransformerIDE):
@@ -231,7 +245,40 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             "`to_torch(model)` needs the unit grid (Grid.unit(d)); resample the model onto "
             "it first."
         )
+    if model.block == "parallel":
+        raise ValueError(
+            "`to_torch(model)`: a block='parallel' model has no nn.TransformerEncoderLayer "
+            "equivalent (PyTorch's layer is post-LN or pre-LN)."
+        )
+    if model.rope is not None:
+        raise ValueError("`to_torch(model)`: PyTorch's encoder layer has no rotary embedding.")
     v = model.controls.values
+    for name in ("norm1", "norm2"):
+        if not isinstance(getattr(v, name), LayerNormProjection):
+            raise ValueError(
+                f"`to_torch(model)`: `{name}` is {type(getattr(v, name)).__name__}; PyTorch's "
+                "encoder layer holds LayerNorm only."
+            )
+    if model.final_norm is not None and not isinstance(model.final_norm, LayerNormProjection):
+        raise ValueError("`to_torch(model)`: the final norm must be a LayerNormProjection.")
+    if not isinstance(v.feedforward, FeedForward):
+        raise ValueError(
+            f"`to_torch(model)`: the feed-forward is {type(v.feedforward).__name__}; PyTorch's "
+            "encoder layer has the plain two-layer form only."
+        )
+    if v.feedforward.activation not in ("relu", "gelu", "gelu_tanh"):
+        raise ValueError(
+            f"`to_torch(model)`: activation {v.feedforward.activation!r} is not one PyTorch's "
+            "encoder layer holds; it takes relu, gelu or gelu_tanh."
+        )
+    a0 = v.attention
+    if a0.n_kv_heads != a0.n_heads or a0.head_dim * a0.n_heads != d or a0.value_dim != a0.head_dim:
+        raise ValueError(
+            "`to_torch(model)`: nn.MultiheadAttention needs as many key/value heads as query "
+            f"heads and head size d_model / nhead; this model has {a0.n_heads} heads, "
+            f"{a0.n_kv_heads} key/value heads, head size {a0.head_dim}, value size "
+            f"{a0.value_dim} for d_model {d}."
+        )
     eps = v.norm1.eps
     if model.ffn_form == "relaxation" and eps > 0:
         raise ValueError(
@@ -259,7 +306,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
         or torch.nn.GELU(approximate="tanh"),
         layer_norm_eps=eps,
         batch_first=batch_first,
-        norm_first=False,
+        norm_first=model.block == "pre_norm",
         bias=bias,
         dtype=dtype,
     )

@@ -1,0 +1,106 @@
+r"""RMS normalisation as the projection onto a sphere of the feature domain."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import check_float
+from ._abstract import AbstractNorm, feature_mean
+
+
+class RMSNormProjection(AbstractNorm):
+    r"""Projection onto the sphere $S_\mathrm{rms}(\sigma) = \{u:\ \mathrm{mean}_y u^2 =
+    \sigma^2\}$ for every token, then an optional per-feature gain (RMSNorm, as in Llama).
+
+    **Closest point.** For $v \ne 0$ the nearest point of the sphere to $v$ in the feature
+    inner product $\langle a, b\rangle = \frac{1}{|\Omega_y|}\int_{\Omega_y} a b\,dy$ is
+    $$P(v) = \sigma\,\frac{v}{\sqrt{\mathrm{mean}_y v^2}}.$$
+    Proof: every $u$ on the sphere has $\|u\| = \sigma$, so
+    $\|u - v\|^2 = \sigma^2 + \|v\|^2 - 2\langle u, v\rangle$, and by Cauchy–Schwarz
+    $\langle u, v\rangle \le \sigma\|v\|$ with equality only for $u = \sigma v/\|v\|$
+    (the sphere is the constraint set $S_1$ without the mean condition; LayerNorm's proof is
+    the same on the subspace of zero mean). With $\varepsilon > 0$ the map is RMSNorm's
+    regularisation $\sigma v/\sqrt{\mathrm{mean}\,v^2 + \varepsilon}$, slightly inside the
+    sphere. The per-feature gain $g(y)$ of real checkpoints acts after the projection.
+
+    **Zero state.** A token with $v = 0$ has no nearest point: with $\varepsilon > 0$ it
+    maps to 0 (as RMSNorm does); with $\varepsilon = 0$ the call raises a runtime error.
+
+    **Precision.** The mean square is taken in float32 or wider whatever the state's dtype,
+    the normalised state is cast back to the state's dtype and then multiplied by the gain
+    (Hugging Face's `LlamaRMSNorm` order of operations).
+
+    **Arguments:**
+
+    - `sigma`: the root mean square of the sphere (scalar, default 1).
+    - `gain`: optional per-feature array of shape `[features]`.
+    - `eps`: the regulariser $\varepsilon \ge 0$.
+    """
+
+    sigma: Float[Array, ""]
+    gain: Float[Array, " features"] | None
+    eps: float = eqx.field(static=True)
+
+    def __init__(self, sigma=1.0, gain=None, eps: float = 1e-6):
+        self.eps = check_float("eps", eps, nonnegative=True)
+        self.sigma = jnp.asarray(sigma)
+        self.gain = None if gain is None else jnp.asarray(gain)
+        s = self.sigma
+        if s.ndim == 0 and not isinstance(s, jax.core.Tracer) and not float(s) > 0:
+            raise ValueError(
+                f"`sigma`={float(s)} must be > 0: it is the radius (root mean square) of the "
+                "sphere."
+            )
+        if self.gain is not None and self.gain.ndim != 1 and self.sigma.ndim == 0:
+            raise ValueError(
+                f"`gain` must be one value per feature, shape [features], got shape "
+                f"{self.gain.shape}."
+            )
+
+    def __call__(
+        self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
+    ) -> Float[Array, "tokens features"]:
+        out_dtype = u.dtype
+        dtype = jnp.promote_types(u.dtype, jnp.float32)
+        v = u.astype(dtype)
+        ms = feature_mean(v * v, feature_weights)
+        if self.eps == 0.0:
+            scale = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
+            ms = eqx.error_if(
+                ms,
+                jnp.any(ms <= jnp.finfo(dtype).tiny) | jnp.any(scale == 0),
+                "RMSNormProjection: a token is zero, so its projection onto the sphere is "
+                "undefined with eps=0. Use eps > 0 (e.g. 1e-6, as RMSNorm does).",
+            )
+        out = v * jax.lax.rsqrt(ms + jnp.asarray(self.eps, dtype))
+        out = out * self.sigma.astype(dtype)
+        out = out.astype(out_dtype)
+        if self.gain is not None:
+            out = self.gain.astype(out_dtype) * out
+        return out
+
+    @property
+    def is_exact(self) -> bool:
+        return self.gain is None and self.eps == 0.0
+
+    def tangent(self, u, w, feature_weights=None):
+        r"""$w - \overline{w z}\,z$ with $z = u/\sigma$: the tangent space of the sphere."""
+        z = u / self.sigma.astype(u.dtype)
+        return w - feature_mean(w * z, feature_weights) * z
+
+    def drift(self, u, d_norm, feature_weights=None):
+        r"""$\sigma' z$: the point $\sigma z$ of the growing sphere with $z$ fixed."""
+        z = u / self.sigma.astype(u.dtype)
+        return d_norm.sigma.astype(u.dtype) * z
+
+    def residuals(
+        self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
+    ) -> Array:
+        """Largest deviation of the per-token mean square from σ², after undoing the gain."""
+        z = u if self.gain is None else u / self.gain.astype(u.dtype)
+        ms = feature_mean(z * z, feature_weights)
+        return jnp.max(jnp.abs(ms - self.sigma.astype(u.dtype) ** 2))
