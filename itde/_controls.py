@@ -374,7 +374,8 @@ class LegendreControls(AbstractControls):
         """Random smooth controls: a random block for mode 0, random blocks scaled by
         `amplitude / c**2` for modes $c \\ge 1$, and the constraint set moving as the
         Legendre series with coefficients `sigma1`, `sigma2` (no per-feature affine map,
-        so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$).
+        so the constraint set is exactly $S_1(\\sigma_1(t), \\sigma_2(t))$; with
+        `norm="rms"` the sphere of radius $\\sigma_2(t)$).
         `block_init` (default `Block.init`, or e.g. `FunctionBlock.init`) builds each
         mode's block from `key` and `block_kwargs`."""
         n_modes = check_int("n_modes", n_modes, minimum=1)
@@ -400,6 +401,9 @@ class LegendreControls(AbstractControls):
             v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)
             return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes], v.dtype))
 
-        norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)
+        if block_kwargs.get("norm", "layer") == "rms":  # the sphere of radius sigma2(t)
+            norm = RMSNormProjection(sig(sigma2), None, 0.0)
+        else:
+            norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)
         coeffs = eqx.tree_at(lambda b: (b.norm1, b.norm2), coeffs, (norm, norm))
         return cls(coeffs, 0.0, float(t1))
