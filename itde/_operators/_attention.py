@@ -180,6 +180,9 @@ class Attention(AbstractAttention):
         feature_weights: np.ndarray | None = None,
         head_weights: np.ndarray | None = None,
         token_log_weights: Float[Array, " tokens"] | None = None,
+        query_weights=None,
+        score_bias=None,
+        signed_weights: bool = False,
         causal: bool = False,
         impl: str = "dense",
         block_size: int = 512,
@@ -196,6 +199,9 @@ class Attention(AbstractAttention):
           (`None`: all 1, so $|\\Omega_h| = d_\\mathrm{head}$).
         - `token_log_weights`: $\\log w_p$ on $\\Omega_x$ (`None`: uniform weights, whose
           constant log cancels in the softmax).
+        - `query_weights`, `score_bias`, `signed_weights`: per-query token weights
+          $W_{kp}$ and a score bias $b_m(x_k, x_p)$, passed to the attention core (see
+          [`dense_attention`][itde.dense_attention]).
         - `causal`: integrate over $\\tilde x \\le x$ only.
         - `impl`: `"dense"` (the `[heads, tokens, tokens]` score matrix), `"blocked"`
           (token blocks of `block_size` with an online softmax: memory linear in the
@@ -228,7 +234,17 @@ class Attention(AbstractAttention):
             lw = jnp.zeros((u.shape[0],), dtype) if lw is None else lw
             lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, dtype))
         core = ATTENTION_CORES[impl]
-        o = core(q, k, v, token_log_weights=lw, causal=causal, block_size=block_size)
+        o = core(
+            q,
+            k,
+            v,
+            token_log_weights=lw,
+            query_weights=query_weights,
+            score_bias=score_bias,
+            signed_weights=signed_weights,
+            causal=causal,
+            block_size=block_size,
+        )
         out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
         if self.bo is not None:
             out = out + self.bo.astype(dtype)

@@ -8,6 +8,26 @@ weights as a log-bias (exact for the ratio of the two integrals), and the causal
 (Volterra) form keeps only $p \le k$. The queries come already scaled
 ($1/\sqrt{|\Omega_h|}$ and any head weights folded in), so the score is a plain dot product.
 
+Two more pair terms ride on the same mechanism, in every core:
+
+- `score_bias` $b_{mkp}$, added to the score (ALiBi, T5-style relative bias, a discrete
+  `[heads, tokens, tokens]` bias, or $-\infty$ to mask a pair);
+- `query_weights` $W_{kp}$, per-query quadrature weights (the partial-interval weights
+  of causal attention at quadrature order, see `itde.causal_weights`), so that
+  $o_{mk} = \sum_p W_{kp} e^{s_{mkp}} v_{mp} / \sum_p W_{kp} e^{s_{mkp}}$.
+  Non-negative weights enter as $\log W_{kp}$ (a zero weight excludes the pair) and work
+  in all three cores; signed weights (`signed_weights=True`) multiply the exponentials
+  instead (no logarithm of a negative number) and work in the dense and blocked cores
+  only: [`fused_attention`][] raises.
+
+Each pair term is an array (`[tokens, tokens]`, or `[heads, tokens, tokens]` for a bias)
+or a function `(query_index, key_index) -> block` of the integer token indices, which the
+blocked core calls one block at a time (so a bias that is a function of the positions
+never forms a `tokens × tokens` array there).
+
+**Empty rows.** A query with no admissible key (every weight 0, every log-weight or bias
+$-\infty$, e.g. a padded sequence) has output 0 in every core, with finite gradients.
+
 - [`dense_attention`][] forms the `[heads, tokens, tokens]` score matrix: the reference.
 - [`blocked_attention`][] streams over key blocks with an online softmax (running maximum
   and running sum, as FlashAttention), one query block at a time, so no `tokens × tokens`
@@ -21,16 +41,62 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 
-def _check(q, k, v, token_log_weights, block_size=None):
+def _is_function(x) -> bool:
+    return callable(x) and not isinstance(x, (jax.Array, np.ndarray))
+
+
+def _pair(x, iq, ik, dtype):
+    """The block of a pair term for query indices `iq` and key indices `ik` (or None)."""
+    if x is None:
+        return None
+    if _is_function(x):
+        return jnp.asarray(x(iq, ik)).astype(dtype)
+    return jnp.asarray(x).astype(dtype)[..., iq[:, None], ik[None, :]]
+
+
+def _safe_log(w):
+    r"""$\log w$ with $\log 0 = -\infty$ and a zero (not NaN) gradient there."""
+    pos = w > 0
+    return jnp.where(pos, jnp.log(jnp.where(pos, w, 1.0)), -jnp.inf)
+
+
+def _check_pair(name, x, shapes, n):
+    if x is None or _is_function(x):
+        return
+    if jnp.shape(x) not in shapes:
+        raise ValueError(
+            f"`{name}` must have shape {' or '.join(str(t) for t in shapes)} for {n} tokens "
+            f"(or be a function of (query_index, key_index)), got {jnp.shape(x)}."
+        )
+
+
+def _check_signed(signed_weights, query_weights):
+    if not isinstance(signed_weights, bool):
+        raise TypeError(f"`signed_weights`={signed_weights!r} must be True or False.")
+    if signed_weights and query_weights is None:
+        raise ValueError("`signed_weights=True` needs `query_weights`; pass them or drop it.")
+
+
+def _check(
+    q,
+    k,
+    v,
+    token_log_weights,
+    block_size=None,
+    query_weights=None,
+    score_bias=None,
+    signed_weights=False,
+):
     if q.ndim != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2] or v.ndim != 3:
         raise ValueError(
             "`q`, `k`, `v` must have shape [heads, tokens, head_dim] with equal heads and "
             f"tokens (and q, k equal head_dim); got q {q.shape}, k {k.shape}, v {v.shape}."
         )
-    n = q.shape[1]
+    h, n = q.shape[:2]
     if token_log_weights is not None and jnp.shape(token_log_weights) != (n,):
         raise ValueError(
             f"`token_log_weights` must have shape [tokens] = ({n},), got "
@@ -40,6 +106,34 @@ def _check(q, k, v, token_log_weights, block_size=None):
         isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
     ):
         raise ValueError(f"`block_size` must be a positive int, got {block_size!r}.")
+    _check_pair("query_weights", query_weights, [(n, n)], n)
+    _check_pair("score_bias", score_bias, [(n, n), (1, n, n), (h, n, n)], n)
+    _check_signed(signed_weights, query_weights)
+
+
+def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, causal):
+    r"""Add the pair terms to a block of scores `s` `[heads, bq, bk]` and mask it.
+
+    Returns `(s, w)`: the scores with $-\infty$ where a pair is excluded, and the signed
+    weights to multiply the exponentials by (`None` on the logarithmic path)."""
+    b = _pair(score_bias, iq, ik, dtype)
+    if b is not None:
+        s = s + (b if b.ndim == 3 else b[None])
+    w = _pair(query_weights, iq, ik, dtype)
+    if w is not None:
+        if signed_weights:
+            s = jnp.where(w[None] != 0, s, -jnp.inf)  # a zero weight excludes the pair
+        else:
+            s = s + _safe_log(w)[None]
+            w = None
+    if causal:
+        s = jnp.where(iq[:, None] >= ik[None, :], s, -jnp.inf)
+    return s, w
+
+
+def _shift(m):
+    """The row maximum used as the softmax shift: 0 for a row with no admissible key."""
+    return jnp.where(jnp.isfinite(m), m, 0.0)
 
 
 def dense_attention(
@@ -48,6 +142,9 @@ def dense_attention(
     v: Float[Array, "heads tokens value_dim"],
     *,
     token_log_weights: Float[Array, " tokens"] | None = None,
+    query_weights=None,
+    score_bias=None,
+    signed_weights: bool = False,
     causal: bool = False,
     block_size: int | None = None,
 ) -> Float[Array, "heads tokens value_dim"]:
@@ -59,19 +156,42 @@ def dense_attention(
     **Arguments:**
 
     - `q`, `k`, `v`: `[heads, tokens, head_dim]`, with `q` already scaled.
-    - `token_log_weights`: $\log w_p$, added to every score in column $p$ (`None`: 0).
+    - `token_log_weights`: $\log w_p$, added to every score in column $p$ (`None`: 0;
+      $-\infty$ excludes key $p$).
+    - `query_weights`: per-query weights $W_{kp}$, `[tokens, tokens]` or a function of
+      `(query_index, key_index)` (`None`: all 1).
+    - `score_bias`: $b_{mkp}$ added to the scores, `[tokens, tokens]`,
+      `[heads, tokens, tokens]` or a function of `(query_index, key_index)` returning
+      `[heads or 1, len(query_index), len(key_index)]` (`None`: 0).
+    - `signed_weights`: the `query_weights` may be negative (multiplicative path).
     - `causal`: keep only keys $p \le k$ for query $k$.
 
-    **Returns:** `[heads, tokens, head_dim]`.
+    **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
-    _check(q, k, v, token_log_weights)
+    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights)
     n = q.shape[1]
+    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    idx = jnp.arange(n)
     s = jnp.einsum("hne,hme->hnm", q, k)
     if token_log_weights is not None:
         s = s + token_log_weights.astype(s.dtype)[None, None, :]
-    if causal:
-        s = jnp.where(jnp.tril(jnp.ones((n, n), dtype=bool)), s, -jnp.inf)
-    return jnp.einsum("hnm,hme->hne", jax.nn.softmax(s, axis=-1), v)
+    s, w = _scores(
+        s,
+        idx,
+        idx,
+        dtype,
+        query_weights=query_weights,
+        score_bias=score_bias,
+        signed_weights=signed_weights,
+        causal=causal,
+    )
+    m = _shift(jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
+    p = jnp.exp(s - m)
+    if w is not None:
+        p = p * w[None]
+    ell = jnp.sum(p, axis=-1, keepdims=True)
+    out = jnp.einsum("hnm,hme->hne", p, v)
+    return out / jnp.where(ell != 0, ell, 1.0)
 
 
 def blocked_attention(
@@ -80,6 +200,9 @@ def blocked_attention(
     v: Float[Array, "heads tokens value_dim"],
     *,
     token_log_weights: Float[Array, " tokens"] | None = None,
+    query_weights=None,
+    score_bias=None,
+    signed_weights: bool = False,
     causal: bool = False,
     block_size: int | None = 512,
 ) -> Float[Array, "heads tokens value_dim"]:
@@ -88,11 +211,13 @@ def blocked_attention(
     The tokens are padded to a multiple of $B$ = `block_size` (padded keys get weight 0,
     padded queries are dropped). Query blocks are processed one after another
     (`jax.lax.map`); for each, a `jax.lax.scan` over key blocks keeps the running row
-    maximum $m$, the running sum $\ell = \sum_p e^{s_p - m}$ and the running
-    $\sum_p e^{s_p - m} v_p$, rescaling them by $e^{m_\text{old} - m_\text{new}}$ when the
-    maximum grows; the output is the last divided by $\ell$. This is the same sum as
-    [`dense_attention`][] in another order (equal to round-off). In the causal form, key
-    blocks wholly after the query block are skipped (`jax.lax.cond`).
+    maximum $m$, the running sum $\ell = \sum_p W_{kp} e^{s_p - m}$ and the running
+    $\sum_p W_{kp} e^{s_p - m} v_p$, rescaling them by $e^{m_\text{old} - m_\text{new}}$
+    when the maximum grows; the output is the last divided by $\ell$. This is the same
+    sum as [`dense_attention`][] in another order (equal to round-off). In the causal
+    form, key blocks wholly after the query block are skipped (`jax.lax.cond`).
+    Pair terms given as functions are evaluated one block at a time; given as arrays,
+    their blocks are gathered (the array itself is $O(N^2)$).
 
     **Memory.** Forward: $O(h\,N\,e + h\,B^2)$ for $h$ heads, $N$ tokens, head size $e$.
     Reverse mode recomputes each query block's forward (`jax.checkpoint`), so the
@@ -103,9 +228,9 @@ def blocked_attention(
     **Arguments:** as [`dense_attention`][], plus `block_size` ($B$; `None`: one block of
     all tokens).
 
-    **Returns:** `[heads, tokens, head_dim]`.
+    **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
-    _check(q, k, v, token_log_weights, block_size)
+    _check(q, k, v, token_log_weights, block_size, query_weights, score_bias, signed_weights)
     h, n, e = q.shape
     ev = v.shape[-1]
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
@@ -126,21 +251,31 @@ def blocked_attention(
     @jax.checkpoint
     def query_block(args):
         i, qi = args  # qi: [h, bs, e]
-        q_idx = i * bs + offsets
+        q_idx = jnp.minimum(i * bs + offsets, n - 1)  # padded queries: dropped at the end
 
         def step(carry, xs):
             j, kj, vj, bj = xs
 
             def update(carry):
                 m, ell, acc = carry
+                k_idx = jnp.minimum(j * bs + offsets, n - 1)  # padded keys: bj = -inf
                 s = jnp.einsum("hqe,hke->hqk", qi, kj) + bj[None, None, :]
-                if causal:
-                    k_idx = j * bs + offsets
-                    s = jnp.where(q_idx[:, None] >= k_idx[None, :], s, -jnp.inf)
+                s, w = _scores(
+                    s,
+                    q_idx,
+                    k_idx,
+                    dtype,
+                    query_weights=query_weights,
+                    score_bias=score_bias,
+                    signed_weights=signed_weights,
+                    causal=causal,
+                )
                 # The shift cancels in acc / ell, so it carries no gradient.
                 m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))
-                m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # row all -inf so far
+                m_safe = _shift(m_new)  # row all -inf so far
                 p = jnp.exp(s - m_safe[..., None])
+                if w is not None:
+                    p = p * w[None]
                 alpha = jnp.exp(m - m_safe)
                 ell = alpha * ell + jnp.sum(p, axis=-1)
                 acc = alpha[..., None] * acc + jnp.einsum("hqk,hke->hqe", p, vj)
@@ -158,7 +293,7 @@ def blocked_attention(
             jnp.zeros((h, bs, ev), dtype),
         )
         (_, ell, acc), _ = jax.lax.scan(step, init, (jnp.arange(nb), kb, vb, bb))
-        return acc / jnp.where(ell > 0, ell, 1.0)[..., None]
+        return acc / jnp.where(ell != 0, ell, 1.0)[..., None]
 
     out = jax.lax.map(query_block, (jnp.arange(nb), qb))  # [nb, h, bs, ev]
     return out.transpose(1, 0, 2, 3).reshape(h, nb * bs, ev)[:, :n]
@@ -170,33 +305,69 @@ def fused_attention(
     v: Float[Array, "heads tokens head_dim"],
     *,
     token_log_weights: Float[Array, " tokens"] | None = None,
+    query_weights=None,
+    score_bias=None,
+    signed_weights: bool = False,
     causal: bool = False,
     block_size: int | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "heads tokens head_dim"]:
     r"""Softmax attention through `jax.nn.dot_product_attention` (`scale=1`, the token
-    log-weights as its additive `bias`, `is_causal=causal`).
+    log-weights, the log of non-negative `query_weights` and the `score_bias` summed into
+    its additive `bias`, `is_causal=causal`).
 
     `implementation=None` lets JAX choose: on CPU that is XLA's composition (which forms
     the full score matrix, memory $O(N^2)$); on an NVIDIA GPU `implementation="cudnn"`
     selects cuDNN's fused flash kernel, which needs float16/bfloat16 inputs and its own
     head-size limits and raises where they are not met. `block_size` is ignored (the
-    shared signature).
+    shared signature). Signed `query_weights` cannot be a softmax bias: they raise here
+    (use the dense or blocked core). Any pair term forms a `[heads, tokens, tokens]` bias.
+    A query with no admissible key gets output 0 (its bias row is replaced by 0 before
+    the call and its output zeroed after, so the gradients stay finite).
 
     **Returns:** `[heads, tokens, head_dim]`.
     """
-    _check(q, k, v, token_log_weights)
+    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights)
+    if signed_weights:
+        raise ValueError(
+            "`fused_attention` cannot take signed `query_weights` (`signed_weights=True`): "
+            "a softmax bias is the log of a positive weight. Use impl='dense' or 'blocked'."
+        )
     if v.shape != q.shape:
         raise ValueError(
             f"`fused_attention` needs `v` of the same shape as `q` {q.shape}, got {v.shape}."
         )
+    n = q.shape[1]
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
     q, k, v = (a.astype(dtype) for a in (q, k, v))
     bias = None
     if token_log_weights is not None:
-        bias = token_log_weights.astype(dtype)[None, None, None, :]  # [B, N, T, S]
+        bias = token_log_weights.astype(dtype)[None, None, :]  # [heads, T, S]
+    if query_weights is not None or score_bias is not None:
+        idx = jnp.arange(n)
+        pair, _ = _scores(
+            jnp.zeros((1, n, n), dtype),
+            idx,
+            idx,
+            dtype,
+            query_weights=query_weights,
+            score_bias=score_bias,
+            signed_weights=False,
+            causal=False,
+        )
+        bias = pair if bias is None else bias + pair
+    keep = None
+    if bias is not None:
+        ok = jnp.isfinite(bias)
+        if causal:
+            ok = ok & jnp.tril(jnp.ones((n, n), dtype=bool))
+        keep = jnp.any(ok, axis=-1)  # [heads or 1, T]: the row has an admissible key
+        bias = jnp.where(keep[..., None], bias, 0.0)[None]  # [B, heads, T, S]
     t = lambda a: jnp.swapaxes(a, 0, 1)[None]  # noqa: E731  [heads, T, e] -> [1, T, heads, e]
     out = jax.nn.dot_product_attention(
         t(q), t(k), t(v), bias, scale=1.0, is_causal=causal, implementation=implementation
     )
-    return jnp.swapaxes(out[0], 0, 1)
+    out = jnp.swapaxes(out[0], 0, 1)
+    if keep is not None:
+        out = jnp.where(keep[..., None], out, 0.0)
+    return out
