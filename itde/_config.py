@@ -301,6 +301,9 @@ class StudyConfig:
     schemes: tuple[str, ...] = ("lie", "strang", "parallel", "euler", "heun", "rk4", "tsit5")
     steps: tuple[int, ...] = (4, 8, 16, 32, 64)
     out: str = "runs/convergence"
+    # the pre-norm equation u_t = A(N1 u) + F(N2 u) on the same controls (rows "pre_norm/...");
+    # empty to skip
+    pre_norm_schemes: tuple[str, ...] = ("lie", "strang", "heun", "rk4")
     # grid axes (tokens / features / all): one row per quadrature rule, refined over
     # `nodes` against a Gauss-Legendre reference with `reference_nodes`
     rules: tuple[str, ...] = (
@@ -325,11 +328,13 @@ class StudyConfig:
             raise ConfigError("`study.schemes` is empty; list at least one scheme, e.g. ['lie']")
         if not self.rules:
             raise ConfigError("`study.rules` is empty; list at least one rule, e.g. ['midpoint']")
-        for s in self.schemes:
-            if s not in SCHEMES:
-                raise ConfigError(
-                    f"`study.schemes` holds {s!r}, not a scheme; choose from {sorted(SCHEMES)}"
-                )
+        for field in ("schemes", "pre_norm_schemes"):
+            for s in getattr(self, field):
+                if s not in SCHEMES:
+                    raise ConfigError(
+                        f"`study.{field}` holds {s!r}, not a scheme; choose from "
+                        f"{sorted(SCHEMES)}"
+                    )
         if len(self.steps) < 2 or any(n < 1 for n in self.steps):
             raise ConfigError(f"`study.steps` needs >= 2 positive step counts, got {self.steps}")
         if list(self.steps) != sorted(set(self.steps)):
