@@ -32,6 +32,13 @@ class AbstractEquation(eqx.Module):
         return self.controls.t1
 
     @property
+    def has_constraint(self) -> bool:
+        """Whether the solution lives on a constraint set (then a solver must project onto
+        it: a splitting solver or `itde_solvers.Projected`); without one, any diffrax
+        solver integrates the equation directly."""
+        return True
+
+    @property
     @abc.abstractmethod
     def n_features(self) -> int:
         """The number of feature nodes of the state."""

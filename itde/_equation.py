@@ -295,6 +295,12 @@ class TransformerIDE(AbstractEquation):
     def n_features(self) -> int:
         return self.grid.n_features
 
+    @property
+    def has_constraint(self) -> bool:
+        """Post-norm equations live on the constraint set of their normalisation; pre-norm
+        and parallel ones are unconstrained ODEs (any diffrax solver applies directly)."""
+        return self.block == "post_norm"
+
     # ----------------------------------------------------------------- the operators
     def _feature_weights(self):
         return _unit_or(self.grid.feature_weights())

@@ -180,7 +180,7 @@ def solve(
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
     solver = LieTrotter() if solver is None else solver
-    if not isinstance(solver, (AbstractSplittingSolver, Projected)):
+    if model.has_constraint and not isinstance(solver, (AbstractSplittingSolver, Projected)):
         raise TypeError(
             f"`solver`={type(solver).__name__} would integrate the equation without its "
             "projections onto S1; wrap it in a projection method, e.g. "
