@@ -1,0 +1,207 @@
+"""The documentation site: `mkdocs build --strict` and what the built pages contain.
+
+The site (mkdocs.yml, docs/) is built once into a temporary folder with `--strict`, so a
+cross-reference that does not resolve (in a page or in a docstring the API reference
+renders), a page missing from the navigation or a broken link fails here, as in CI. The
+built HTML is then checked: every public name of every public package has an entry in
+the API reference, pages carry their titles, and the equations reach the page as the
+markup MathJax typesets (`pymdownx.arithmatex`). The slow test opens the built pages in
+headless Chromium and checks what a reader sees.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# every package whose `__all__` is public API, and so must be in the reference
+PACKAGES = (
+    "itde",
+    "itde.function",
+    "itde.interop",
+    "itde.studies",
+    "itde.data",
+    "itde.cli",
+    "itde.train",
+    "itde_solvers",
+)
+# names re-exported by `itde` from a subpackage are documented under the subpackage
+REEXPORTED_FROM = {"itde.function", "itde.interop"}
+
+
+def _need(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # a missing tool is a failure, not a skip: install the docs extra
+        pytest.fail(f"`{module}` is not installed: `pip install -e '.[docs]'` (the docs extra).")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site built with `mkdocs build --strict` into a temporary folder."""
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        _need(module)
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = proc.stdout + proc.stderr
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert proc.returncode == 0, "`mkdocs build --strict` failed:\n" + "\n".join(warnings or [log])
+    return out
+
+
+def _page(site: Path, path: str) -> str:
+    return (site / path / "index.html").read_text(encoding="utf-8")
+
+
+def _anchor_ids(site: Path) -> set[str]:
+    ids = set()
+    for page in site.rglob("*.html"):
+        ids.update(re.findall(r'\bid="([^"]+)"', page.read_text(encoding="utf-8")))
+    return ids
+
+
+def test_site_builds_strict_and_documents_every_public_name(site):
+    ids = _anchor_ids(site)
+    missing = []
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            home = getattr(obj, "__module__", "") or ""
+            if package == "itde" and any(home.startswith(p) for p in REEXPORTED_FROM):
+                target = next(p for p in REEXPORTED_FROM if home.startswith(p)) + "." + name
+            else:
+                target = f"{package}.{name}"
+            if target not in ids:
+                missing.append(target)
+    assert not missing, (
+        "public names without an entry in the API reference (add `::: NAME` to a page "
+        f"under docs/api/): {missing}"
+    )
+
+
+def test_pages_have_titles_and_equation_markup(site):
+    index = _page(site, "")
+    assert re.search(r"<title>itde</title>", index), "the index page's title"
+    assert "<h1" in index and "the Transformer as an integro-differential equation" in index
+
+    api = _page(site, "api/equation")
+    title = re.search(r"<title>(.*?)</title>", api).group(1)
+    assert html.unescape(title) == "The equation and the solve - itde"
+    # a docstring's $...$ reaches the page as arithmatex markup, which MathJax typesets
+    inline = re.findall(r'<span class="arithmatex">\\\((.*?)\\\)</span>', api)
+    assert r"\Delta t = 1" in inline, "inline maths from TransformerIDE's docstring"
+    display = re.findall(r'<div class="arithmatex">\\\[(.*?)\\\]</div>', _page(site, "mathematics"),
+                         flags=re.S)  # fmt: skip
+    assert any(r"\partial I_{S_1" in eq for eq in display), "the equation on the maths page"
+    # MathJax is configured for that markup and loaded after its configuration
+    scripts = re.findall(r'<script src="([^"]+)"', api)
+    config = next(i for i, s in enumerate(scripts) if s.endswith("_static/mathjax.js"))
+    loader = next(i for i, s in enumerate(scripts) if "mathjax@3" in s)
+    assert config < loader
+    # and a cross-reference became a link to the object's entry
+    assert 'href="../quadrature/#itde.Grid"' in api  # [`Grid`][itde.Grid], another page
+
+
+# ----------------------------------------------------------------------- browser
+# MathJax 3 as the site loads it from a CDN; the browser test serves the same files from
+# the npm package (fetched once with `npm pack`, cached beside the pytest temp folders).
+MATHJAX = "mathjax@3.2.2"
+
+
+def _mathjax_dir(cache: Path) -> Path:
+    es5 = cache / "package" / "es5"
+    if (es5 / "tex-mml-chtml.js").exists():
+        return es5
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("the browser test needs `npm` to fetch MathJax 3 (`apt-get install npm`).")
+    cache.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [npm, "pack", MATHJAX, "--pack-destination", str(cache)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"`npm pack {MATHJAX}` failed:\n{proc.stderr}"
+    with tarfile.open(next(cache.glob("mathjax-*.tgz"))) as tar:
+        tar.extractall(cache, filter="data")
+    return es5
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.fail("the browser test needs Chromium: `apt-get install chromium`.")
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_pages_render_in_a_headless_browser(site, tmp_path, tmp_path_factory):
+    sync_api = _need("playwright.sync_api")
+    mathjax = _mathjax_dir(tmp_path_factory.getbasetemp().parent / "itde-mathjax")
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}/"
+
+    def serve_mathjax(route):  # the CDN's URL answered from the local copy; nothing else
+        rel = route.request.url.split("/es5/", 1)[1].split("?")[0]
+        route.fulfill(path=str(mathjax / rel))
+
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            # nothing leaves the machine; the route added last is tried first
+            page.route(re.compile(r"^https?://(?!127\.0\.0\.1).*"), lambda r: r.abort())
+            page.route(re.compile(r"^https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/.*"),
+                       serve_mathjax)  # fmt: skip
+
+            page.goto(base, wait_until="networkidle")
+            assert page.title() == "itde"
+            assert "integro-differential" in page.locator("h1").first.inner_text()
+            page.wait_for_selector("article mjx-container", timeout=60_000)
+            page.screenshot(path=str(tmp_path / "index.png"))
+
+            page.goto(base + "api/equation/", wait_until="networkidle")
+            assert page.title() == "The equation and the solve - itde"
+            h1 = page.locator("h1").first.inner_text()
+            assert h1.removesuffix("¤").strip() == "The equation and the solve"  # ¤: permalink
+            page.wait_for_selector("article mjx-container", timeout=60_000)
+            # typeset: every equation is a MathJax container, no TeX source is left to read
+            maths = page.locator("article .arithmatex")
+            assert maths.count() > 20
+            assert page.locator("article .arithmatex:has(mjx-container)").count() == maths.count()
+            assert "\\Delta" not in page.locator("article").inner_text()
+            page.screenshot(path=str(tmp_path / "api_equation.png"), full_page=False)
+            browser.close()
+    finally:
+        server.shutdown()
+    for shot in ("index.png", "api_equation.png"):
+        assert (tmp_path / shot).stat().st_size > 10_000, f"{shot} is a blank screenshot"
