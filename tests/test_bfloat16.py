@@ -34,9 +34,16 @@ def test_bfloat16_times_do_not_collapse():
     assert bool(jnp.all(jnp.isfinite(sol.ys)))
 
 
+# One discrete (Lie within layers) and one continuous (projected RK4) case by default; Lie
+# at dt = 1 (the layer stack, a special case of dt = 1/4) and Strang run with -m slow.
 @pytest.mark.parametrize(
     "scheme, dt0",
-    [("lie", 1.0), ("lie", 0.25), ("strang", 0.25), ("rk4", 0.25)],
+    [
+        pytest.param("lie", 1.0, marks=pytest.mark.slow),
+        ("lie", 0.25),
+        pytest.param("strang", 0.25, marks=pytest.mark.slow),
+        ("rk4", 0.25),
+    ],
 )
 def test_bfloat16_agrees_with_float32(scheme, dt0):
     """Parameters and input rounded to bfloat16 perturb the model by a relative 2**-8;

@@ -250,7 +250,8 @@ def _reference_sample(model, itos, prompt, length, temperature, seed):
         window = ids[-context:]
         padded = np.zeros((context,), np.int32)
         padded[: len(window)] = window
-        ids.append(int(_next(model, jnp.asarray(padded), len(window) - 1,
+        # the position as an array: one compile of `_next`, not one per window length
+        ids.append(int(_next(model, jnp.asarray(padded), jnp.int32(len(window) - 1),
                            jax.random.fold_in(key, i), jnp.float32(temperature))))  # fmt: skip
     return "".join(itos[i] for i in ids)
 
