@@ -43,7 +43,12 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     out = tmp_path / "run"
     assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
     trained = _rows(out / "metrics.jsonl")[-1]["eval_rel_l2"]
-    capsys.readouterr()
+    # the "wrote" line names every file of the run, the state file too; all are 0644
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["checkpoint.json", "loss_curve.png", "metrics.jsonl", "state-00000002.eqx"]
+    wrote = capsys.readouterr().out.splitlines()[-1]
+    assert wrote.startswith("wrote ") and all(str(out / f) in wrote for f in files), wrote
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
     results = {}
     for extra in ([], ["--grid", "16", "--solver", "rk4", "--dt", "0.5"]):
         assert main(["eval", "--checkpoint", str(out), *extra]) == 0
@@ -69,7 +74,8 @@ def test_train_without_config_is_the_sort_task(monkeypatch, capsys):
 
     def fake_train(cfg, **kw):
         seen["cfg"] = cfg
-        return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort"}
+        return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort", "files": [],
+                "complete": False}  # fmt: skip
 
     monkeypatch.setattr(itde.train, "train", fake_train)
     assert main(["train"]) == 0
