@@ -90,3 +90,38 @@ def test_default_sort_config_reaches_99_percent(tmp_path):
     result = train(out=tmp_path / "sort", progress=False)
     assert result["step"] == 1500
     assert result["metrics"]["eval_seq_acc"] >= 0.99, result["metrics"]
+
+
+def _eta_after_first_steps(monkeypatch, restart: bool) -> tuple[float, str]:
+    """(ETA in seconds, the bar's text) after a 60 s compiling first step and 10 steps of
+    0.01 s, on a fake clock."""
+    import io
+
+    import tqdm.std
+
+    from itde.train._loop import restart_clock
+
+    now = [0.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
+    buf = io.StringIO()
+    bar = tqdm.std.tqdm(total=1000, file=buf, mininterval=0, miniters=1)
+    now[0] += 60.0
+    bar.update(1)
+    if restart:
+        restart_clock(bar)
+    for _ in range(10):
+        now[0] += 0.01
+        bar.update(1)
+    d = bar.format_dict
+    rate = d["rate"] or (d["n"] - d["initial"]) / d["elapsed"]
+    text = bar.format_meter(**d)
+    bar.close()
+    return (d["total"] - d["n"]) / rate, text
+
+
+def test_progress_eta_starts_after_the_compiling_step(monkeypatch):
+    eta, text = _eta_after_first_steps(monkeypatch, restart=True)
+    assert 5 < eta < 20, eta  # 989 steps of 0.01 s
+    assert "11/1000" in text and "<00:09" in text, text
+    stale, _ = _eta_after_first_steps(monkeypatch, restart=False)
+    assert stale > 100  # what the bar showed before: the compile time in the ETA

@@ -82,35 +82,42 @@ def cmd_solve(args) -> int:
     )
     ys = np.asarray(run(model, u0))
     fw = model._feature_weights()
-    norms = np.sqrt(np.asarray(feature_mean(jnp.asarray(ys) ** 2, fw)))[
-        ..., 0
-    ]  # [layers+1, tokens]
+    rms = lambda u: np.sqrt(np.asarray(feature_mean(jnp.asarray(u) ** 2, fw)))[..., 0]  # noqa: E731
+    norms = rms(ys)  # [layers + 1, tokens]
+    change = rms(ys[1:] - ys[:-1]) / norms[:-1]  # [layers, tokens]: what each layer moves
     rows = []
     print(
         f"itde solve: {model.n_layers} layers, {cfg.solve.n_tokens} tokens x "
         f"{model.n_features} features, dt={cfg.solve.dt} ({source})"
     )
-    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'mean resid':>11} {'var resid':>11}")
+    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'change':>9} {'mean resid':>11} "
+          f"{'var resid':>11}")  # fmt: skip
     for n in range(model.n_layers + 1):
-        if n == 0:
-            rm = rv = float("nan")
+        if n == 0:  # the input is on no constraint set and no layer has moved it yet
+            rm = rv = dn = None
+            cells = f"{'-':>9} {'-':>11} {'-':>11}"
         else:
             norm = model.controls.layer(n - 1).norm2
             rm, rv = (float(r) for r in norm.residuals(jnp.asarray(ys[n]), fw))
+            dn = float(change[n - 1].mean())
+            cells = f"{dn:>9.4f} {rm:>11.2e} {rv:>11.2e}"
         rows.append(
             {
                 "layer": n,
                 "t": float(ts[n]),
                 "token_mean_norm": float(norms[n].mean()),
-                # null for layer 0: the input is on no constraint set (and NaN is not JSON)
-                "mean_residual": None if n == 0 else rm,
-                "var_residual": None if n == 0 else rv,
+                # null for layer 0 (NaN is not JSON)
+                "token_mean_change": dn,
+                "mean_residual": rm,
+                "var_residual": rv,
             }
         )
-        print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {rm:>11.2e} {rv:>11.2e}")
+        print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {cells}")
     write_json(out / "summary.json", {"config": source, "layers": rows})
-    png = plot_trajectory(norms, np.asarray(ts), out / "trajectory.png")
-    print(f"wrote {out / 'summary.json'} and {png}")
+    residuals = np.asarray([[r["mean_residual"], r["var_residual"]] for r in rows[1:]])
+    layers = np.arange(1, model.n_layers + 1)
+    png = plot_trajectory(change, residuals, layers, out / "trajectory.png", dtype=ys.dtype)
+    print(f"wrote {out / 'summary.json'}, {png}")
     return 0
 
 
@@ -184,12 +191,13 @@ def _add_solve(sub) -> None:
         description=(
             "Build a random post-LN Transformer read as the equation (from the [model] and\n"
             "[grid] tables), solve it in depth from a random state with the paper's Lie\n"
-            "splitting (step [solve] dt), and print per layer the token-mean feature norm\n"
-            "and the distance of the state from the LayerNorm constraint set."
+            "splitting (step [solve] dt), and print per layer the token-mean feature norm,\n"
+            "how far the layer moved the tokens (relative change) and the distance of the\n"
+            "state from the LayerNorm constraint set."
         ),
         epilog=writes(
             ("summary.json", "the per-layer rows printed, and the config's name"),
-            ("trajectory.png", "feature norm of each token over depth, and its mean"),
+            ("trajectory.png", "each token's change per layer; distance from the set"),
         ),
     )
     p.add_argument(
