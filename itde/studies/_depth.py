@@ -167,10 +167,14 @@ def format_table(result: dict) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         errs = "".join(f"{e:>11.2e}" for e in r["errors"])
-        exp = "geom" if r["expected_order"] is None else f"{r['expected_order']:.0f}"
-        lines.append(f"{r['scheme']:<{width}}{exp:>9}{r['observed_order']:>9.2f}  {errs}")
+        exp = "geom." if r["expected_order"] is None else f"{r['expected_order']:.0f}"
+        q = r["observed_order"]
+        obs = f"{q:.2f}" if math.isfinite(q) and r["expected_order"] is not None else "-"
+        lines.append(f"{r['scheme']:<{width}}{exp:>9}{obs:>9}  {errs}")
         if r.get("n") != rows[0].get("n") and key == "n":
             lines[-1] += f"   (n = {r['n']})"
+    if any(r["expected_order"] is None for r in rows):
+        lines.append("geom.: geometric (spectral) convergence, no algebraic order to fit")
     return "\n".join(lines)
 
 
