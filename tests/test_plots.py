@@ -103,23 +103,30 @@ def test_depth_plot_reads_at_a_glance():
 @pytest.mark.parametrize("axis", ["tokens", "features", "all"])
 def test_grid_plots_say_what_was_refined(axis):
     ns = [16, 32, 64, 128]
-    geometric = _row("gauss-legendre", None, ns, [2.5e-14, 2.3e-14, 2.7e-14, 1e-14], "n")
+    geometric = _row("periodic-trapezoid", None, ns, [2.5e-14, 2.3e-14, 2.7e-14, 1e-14], "n")
     geometric["n_reaching_1e-10"] = 16
+    gauss = _row("gauss-legendre", None, ns, [8.5e-7, 8.3e-12, 2.3e-15, 8.3e-16], "n")
+    gauss["n_reaching_1e-10"] = 32
     result = {
         "axis": axis,
         "problem": {"fixed_nodes": 32},
-        "reference": {"nodes": 192},
+        "reference": {"nodes": 192, "solver": "Lie, dt=1"},
         "results": [
             _row("midpoint", 2.0, ns, [2.0 / n**2 for n in ns], "n"),
             _row("simpson", 4.0, [n + 1 for n in ns], [30.0 / n**4 for n in ns], "n"),
+            gauss,
             geometric,
         ],
     }
     fig = figure_study(result)
     _check_common(fig, 1)
+    fig.canvas.draw()  # the legend (below the axes) lies inside the figure
+    (leg,) = fig.legends
+    box, page = leg.get_window_extent(), fig.bbox
+    assert box.x0 >= page.x0 and box.x1 <= page.x1 and box.y0 >= page.y0, (box, page)
     ax = fig.axes[0]
     legend = _legend(fig)
-    assert any("gauss-legendre: geometric" in t and "N = 16" in t for t in legend), legend
+    assert any("periodic-trapezoid: geometric" in t and "N = 16" in t for t in legend), legend
     if axis == "all":
         assert "depth step, tokens and features" in ax.get_title()
         assert "depth steps N/4" in ax.get_xlabel()

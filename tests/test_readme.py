@@ -1,7 +1,8 @@
 """Every code block of README.md runs as written.
 
 - `python` blocks: each in a namespace of its own (no block leans on another's names), in a
-  fresh interpreter started in a scratch directory holding a copy of `configs/`.
+  fresh interpreter started in a scratch directory holding a copy of `configs/`; the
+  training block (it trains) with `-m slow`.
 - `bash` blocks: every `itde` command runs (`python -m itde.cli`, same arguments) in a
   scratch directory, with the smaller settings the README states next to the block; the
   install line is checked against `pyproject.toml`; the suite does not run itself.
@@ -99,15 +100,32 @@ def _scratch(tmp_path):
     return tmp_path
 
 
-def test_python_blocks_run_as_written(tmp_path):
-    blocks = [(line, code) for code, line in _blocks("python")]
-    assert len(blocks) >= 4  # from PyTorch, continuous depth, function kernels, training
-    res = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks),
-                         cwd=_scratch(tmp_path), capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
+def _run_python(blocks, cwd):
+    res = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), cwd=cwd,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "(5, 8, 12)" in res.stdout and "(16, 16) (32, 32)" in res.stdout
-    assert (tmp_path / "runs" / "sort-20" / "checkpoint.json").is_file()
+    return res.stdout
+
+
+def _python_blocks(training: bool):
+    return [(line, code) for code, line in _blocks("python") if ("tr.train(" in code) == training]
+
+
+def test_python_blocks_run_as_written(tmp_path):
+    """The model blocks (from PyTorch, continuous depth, function kernels)."""
+    blocks = _python_blocks(training=False)
+    assert len(blocks) == 3
+    out = _run_python(blocks, _scratch(tmp_path))
+    assert "(5, 8, 12)" in out and "(16, 16) (32, 32)" in out
+
+
+@pytest.mark.slow  # it trains (20 steps) and evaluates: ~10x the model blocks
+def test_training_python_block_runs_as_written(tmp_path):
+    blocks = _python_blocks(training=True)
+    assert len(blocks) == 1
+    out = _run_python(blocks, _scratch(tmp_path))
+    assert "checkpoint.json" in out and "state-00000020.eqx" in out
+    assert (tmp_path / "runs" / "sort-20" / "loss_curve.png").is_file()
 
 
 CONVERGE_SMALL = '[study]\nschemes = ["lie", "heun"]\nsteps = [4, 8, 16]\n'

@@ -200,7 +200,7 @@ def _legend_label(r: dict) -> str:
         if n is None:
             return f"{r['scheme']}: geometric, not yet at round-off"
         tail = [e for m, e in zip(r["n"], r["errors"], strict=True) if m >= n]
-        return f"{r['scheme']}: geometric, round-off ({max(tail):.0e}) from N = {n}"
+        return f"{r['scheme']}: geometric, {max(tail):.0e} at N = {n}"
     if not math.isfinite(q):
         return f"{r['scheme']}: at round-off (expected order {p:g})"
     return f"{r['scheme']}: order {q:.2f} (expected {p:g})"
@@ -258,9 +258,9 @@ def figure_study(result: dict):
         }[axis]  # fmt: skip
         ax.set_xlabel(what[0])
         ax.set_ylabel(r"$|J - J_{\mathrm{ref}}|$, $J = \int\int g\,u(T)$")
-        ax.set_title(f"Convergence in {what[1]}\nreference: "
-                     f"{result['reference']['nodes']} Gauss-Legendre nodes, float64",
-                     fontsize=11)  # fmt: skip
+        ref = result["reference"]
+        ax.set_title(f"Convergence in {what[1]}\nreference: {ref['nodes']} Gauss-Legendre "
+                     f"nodes, {ref.get('solver', '')}, float64", fontsize=11)  # fmt: skip
     fig.legend(loc="outside lower center", ncols=2, fontsize=8)
     return fig
 
