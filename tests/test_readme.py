@@ -7,6 +7,10 @@
   scratch directory, with the smaller settings the README states next to the block; the
   install line is checked against `pyproject.toml`; the suite does not run itself.
 - `text` blocks: the layout listing; every file and folder it names exists.
+
+Running the blocks compiles small models (15-60 s a test on a 2-core CPU), so those tests
+are `-m slow`; the default run checks that every block parses, every `itde` command's
+options and choices exist, and the layout's files exist.
 """
 
 import json
@@ -111,6 +115,7 @@ def _python_blocks(training: bool):
     return [(line, code) for code, line in _blocks("python") if ("tr.train(" in code) == training]
 
 
+@pytest.mark.slow  # 3 fresh compiles of small models: 17-24 s each on a 2-core CPU
 def test_python_blocks_run_as_written(tmp_path):
     """The model blocks (from PyTorch, continuous depth, function kernels)."""
     blocks = _python_blocks(training=False)
@@ -119,7 +124,7 @@ def test_python_blocks_run_as_written(tmp_path):
     assert "(5, 8, 12)" in out and "(16, 16) (32, 32)" in out
 
 
-@pytest.mark.slow  # it trains (20 steps) and evaluates: ~10x the model blocks
+@pytest.mark.slow  # it trains (20 steps) and evaluates
 def test_training_python_block_runs_as_written(tmp_path):
     blocks = _python_blocks(training=True)
     assert len(blocks) == 1
