@@ -6,52 +6,80 @@ quadrature, layer normalisation a projection onto a constraint set, and one Lie
 operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer block.
 """
 
-from ._abstract import AbstractEquation
-from ._config import ConfigError
-from ._controls import AbstractControls, Block, LegendreControls, PiecewiseConstant, stack
-from ._equation import TransformerIDE
-from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
-from ._operators._attention import Attention
-from ._operators._blocked import blocked_attention, dense_attention, fused_attention
-from ._operators._feedforward import FeedForward, GatedFeedForward
-from ._operators._layernorm import LayerNormProjection
-from ._operators._rmsnorm import RMSNormProjection
-from ._operators._rope import Rope
-from ._quadrature._domain import AbstractTokenDomain
-from ._quadrature._grid2d import TensorGrid2D
-from ._quadrature._rules import (
-    RULES,
-    AbstractQuadrature,
-    GaussLegendre,
-    Grid,
-    Midpoint,
-    PeriodicTrapezoid,
-    Simpson,
-    Trapezoid,
-)
-from ._registry import (
-    ACTIVATIONS,
-    ATTENTION_IMPLS,
-    BLOCK_FORMS,
-    FFN_FORMS,
-    SCHEMES,
-    TERMS_KINDS,
-    Scheme,
-)
-from ._solve import solve
-from .function import (
-    FourierBasis,
-    FunctionAttention,
-    FunctionBias,
-    FunctionBlock,
-    FunctionFeedForward,
-    FunctionField,
-    FunctionKernel,
-    LegendreBasis,
-)
-from .interop._torch import from_torch, to_torch
+# Lazy exports (PEP 562): `import itde` loads no JAX; a name is imported from its module the
+# first time it is used, so `itde --help` answers at once. One name per line: name -> module.
+import importlib as _importlib
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ACTIVATIONS": "._registry",
+    "ATTENTION_IMPLS": "._registry",
+    "AbstractControls": "._controls",
+    "AbstractEquation": "._abstract",
+    "ConfigError": "._config",
+    "FFN_FORMS": "._registry",
+    "SCHEMES": "._registry",
+    "Scheme": "._registry",
+    "TERMS_KINDS": "._registry",
+    "AbstractAttention": "._operators._abstract",
+    "AbstractFeedForward": "._operators._abstract",
+    "RULES": "._quadrature._rules",
+    "AbstractQuadrature": "._quadrature._rules",
+    "AbstractTokenDomain": "._quadrature._domain",
+    "Attention": "._operators._attention",
+    "Block": "._controls",
+    "FeedForward": "._operators._feedforward",
+    "FourierBasis": ".function",
+    "FunctionAttention": ".function",
+    "FunctionBias": ".function",
+    "FunctionBlock": ".function",
+    "FunctionFeedForward": ".function",
+    "FunctionField": ".function",
+    "FunctionKernel": ".function",
+    "LegendreBasis": ".function",
+    "TensorGrid2D": "._quadrature._grid2d",
+    "blocked_attention": "._operators._blocked",
+    "dense_attention": "._operators._blocked",
+    "fused_attention": "._operators._blocked",
+    "GaussLegendre": "._quadrature._rules",
+    "Grid": "._quadrature._rules",
+    "LayerNormProjection": "._operators._layernorm",
+    "LegendreControls": "._controls",
+    "Midpoint": "._quadrature._rules",
+    "PeriodicTrapezoid": "._quadrature._rules",
+    "PiecewiseConstant": "._controls",
+    "Simpson": "._quadrature._rules",
+    "TransformerIDE": "._equation",
+    "Trapezoid": "._quadrature._rules",
+    "from_torch": ".interop._torch",
+    "solve": "._solve",
+    "stack": "._controls",
+    "to_torch": ".interop._torch",
+    "AbstractNorm": "._operators._abstract",
+    "BLOCK_FORMS": "._registry",
+    "GatedFeedForward": "._operators._feedforward",
+    "RMSNormProjection": "._operators._rmsnorm",
+    "Rope": "._operators._rope",
+}
+#: Subpackages reachable as attributes (`itde.train` after `import itde`), loaded on use.
+_SUBPACKAGES = ("cli", "data", "function", "interop", "studies", "train")
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))
+
 
 __all__ = [
     "ACTIVATIONS",

@@ -1,4 +1,7 @@
-"""Plots written by the CLI (matplotlib, headless Agg backend)."""
+"""Plots written by the CLI (matplotlib, headless Agg backend).
+
+Each plot is built by a `figure_*` function that returns the matplotlib figure (so that
+tests can read its text) and written by a `plot_*` function."""
 
 from __future__ import annotations
 
@@ -25,24 +28,68 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
-def plot_trajectory(norms: np.ndarray, ts: np.ndarray, path: Path) -> Path:
-    """Per-token feature norm $\\|u(x,\\cdot,t)\\|$ over depth: heat map and token mean."""
+def integer_ticks(axis, values) -> None:
+    """Put one labelled tick at each of `values` (layers, node counts) on `axis` (e.g.
+    `ax.xaxis`) and no minor tick labels, so that labels neither collide nor go missing
+    on a log scale."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    axis.set_major_locator(FixedLocator(list(values)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+
+
+#: Where an error or residual of exactly 0 is drawn on a log axis (and said in the legend).
+ZERO_AT = 1e-17
+
+
+def figure_trajectory(
+    change: np.ndarray, residuals: np.ndarray, layers: np.ndarray, *, dtype=None
+):
+    """The figure of `itde solve`: how much each layer moves each token, and how close
+    every layer's output lies to the constraint set $S_1$.
+
+    **Arguments:**
+
+    - `change`: `[layers, tokens]`, the relative change of each token's state over layer
+      $n$, $\\|u(t_n) - u(t_{n-1})\\| / \\|u(t_{n-1})\\|$ (feature RMS norms).
+    - `residuals`: `[layers, 2]`, the distance of the output of layer $n$ from $S_1$: its
+      feature mean and variance residuals.
+    - `layers`: the layer numbers $1, \\ldots, L$.
+    - `dtype`: the state's dtype; its machine epsilon is drawn as the round-off level.
+    """
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+    layers = np.asarray(layers)
     im = a.imshow(
-        norms.T,
+        change.T,
         aspect="auto",
         origin="lower",
         cmap="viridis",
-        extent=(ts[0] - 0.5, ts[-1] + 0.5, -0.5, norms.shape[1] - 0.5),
+        extent=(layers[0] - 0.5, layers[-1] + 0.5, -0.5, change.shape[1] - 0.5),
     )
-    a.set_xlabel("depth t (layer)")
+    a.set_xlabel("layer n")
     a.set_ylabel("token")
-    a.set_title("feature norm of each token")
-    fig.colorbar(im, ax=a)
-    b.plot(ts, norms.mean(axis=1), "o-", label="mean over tokens")
-    b.fill_between(ts, norms.min(axis=1), norms.max(axis=1), alpha=0.25, label="min-max")
-    b.set_xlabel("depth t (layer)")
-    b.set_ylabel(r"$\|u(x,\cdot,t)\|_{\Omega_y}$ (RMS)")
+    integer_ticks(a.xaxis, layers)
+    a.set_title("how far each layer moves each token")
+    bar = fig.colorbar(im, ax=a)
+    bar.set_label(r"$\|u(t_n) - u(t_{n-1})\| \,/\, \|u(t_{n-1})\|$")
+    for k, (name, marker) in enumerate((("mean", "o"), ("variance", "s"))):
+        r = np.asarray(residuals[:, k], dtype=float)
+        zero = f" (0 drawn at {ZERO_AT:g})" if np.any(r == 0) else ""
+        b.semilogy(layers, np.maximum(r, ZERO_AT), marker + "-", label=f"{name} residual{zero}")
+    if dtype is not None:
+        eps = float(np.finfo(dtype).eps)
+        b.axhline(eps, color="0.5", ls="--", lw=1, label=f"{np.dtype(dtype).name} epsilon")
+    b.set_xlabel("layer n")
+    integer_ticks(b.xaxis, layers)
+    b.set_ylabel("distance from $S_1$")
+    b.set_title(r"each layer's output on the constraint set $S_1$")
     b.legend()
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_trajectory(change, residuals, layers, path: Path, *, dtype=None) -> Path:
+    """Write [`figure_trajectory`][] to `path` (`trajectory.png` of `itde solve`)."""
+    return save_figure(figure_trajectory(change, residuals, layers, dtype=dtype), path)

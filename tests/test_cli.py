@@ -50,14 +50,17 @@ def _assert_solve_output(out, stdout, n_layers, tol):
     printed = _table_rows(stdout, {str(n) for n in range(n_layers + 1)})
     assert len(printed) == n_layers + 1, stdout
     for r in rows:
-        assert set(r) == {"layer", "t", "token_mean_norm", "mean_residual", "var_residual"}
+        assert set(r) == {"layer", "t", "token_mean_norm", "token_mean_change",
+                          "mean_residual", "var_residual"}  # fmt: skip
         assert r["t"] == r["layer"] and math.isfinite(r["token_mean_norm"])
-        t, norm, rm, rv = printed[str(r["layer"])]
+        t, norm, change, rm, rv = printed[str(r["layer"])]
         assert float(t) == r["t"] and float(norm) == pytest.approx(r["token_mean_norm"], abs=1e-6)
         if r["layer"] == 0:  # the initial state is not projected: no residual to report
             assert r["mean_residual"] is None and r["var_residual"] is None
-            assert rm == rv == "nan"
+            assert r["token_mean_change"] is None and change == rm == rv == "-"
             continue
+        assert float(change) == pytest.approx(r["token_mean_change"], abs=1e-4)
+        assert r["token_mean_change"] > 1e-3  # every layer moves the tokens
         # eps = 0: every layer's output lies on S1 up to round-off
         assert 0 <= r["mean_residual"] < tol and 0 <= r["var_residual"] < tol
         assert float(rm) == pytest.approx(r["mean_residual"], rel=6e-3, abs=1e-300)
@@ -182,7 +185,7 @@ def test_converge_writes_json_schema_and_plot(tmp_path, capsys):
             r["observed_order"], abs=5e-3
         )
         np.testing.assert_allclose([float(x) for x in e], errs, rtol=6e-3)
-    _assert_png(out / "convergence_depth.png", 7, 5)
+    _assert_png(out / "convergence_depth.png", 7, 6.2)
 
 
 def test_converge_config_errors(tmp_path):

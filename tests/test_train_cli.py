@@ -43,7 +43,12 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     out = tmp_path / "run"
     assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
     trained = _rows(out / "metrics.jsonl")[-1]["eval_rel_l2"]
-    capsys.readouterr()
+    # the "wrote" line names every file of the run, the state file too; all are 0644
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["checkpoint.json", "loss_curve.png", "metrics.jsonl", "state-00000002.eqx"]
+    wrote = capsys.readouterr().out.splitlines()[-1]
+    assert wrote.startswith("wrote ") and all(str(out / f) in wrote for f in files), wrote
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
     results = {}
     for extra in ([], ["--grid", "16", "--solver", "rk4", "--dt", "0.5"]):
         assert main(["eval", "--checkpoint", str(out), *extra]) == 0
@@ -69,7 +74,8 @@ def test_train_without_config_is_the_sort_task(monkeypatch, capsys):
 
     def fake_train(cfg, **kw):
         seen["cfg"] = cfg
-        return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort"}
+        return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort", "files": [],
+                "complete": False}  # fmt: skip
 
     monkeypatch.setattr(itde.train, "train", fake_train)
     assert main(["train"]) == 0
@@ -84,3 +90,38 @@ def test_default_sort_config_reaches_99_percent(tmp_path):
     result = train(out=tmp_path / "sort", progress=False)
     assert result["step"] == 1500
     assert result["metrics"]["eval_seq_acc"] >= 0.99, result["metrics"]
+
+
+def _eta_after_first_steps(monkeypatch, restart: bool) -> tuple[float, str]:
+    """(ETA in seconds, the bar's text) after a 60 s compiling first step and 10 steps of
+    0.01 s, on a fake clock."""
+    import io
+
+    import tqdm.std
+
+    from itde.train._loop import restart_clock
+
+    now = [0.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
+    buf = io.StringIO()
+    bar = tqdm.std.tqdm(total=1000, file=buf, mininterval=0, miniters=1)
+    now[0] += 60.0
+    bar.update(1)
+    if restart:
+        restart_clock(bar)
+    for _ in range(10):
+        now[0] += 0.01
+        bar.update(1)
+    d = bar.format_dict
+    rate = d["rate"] or (d["n"] - d["initial"]) / d["elapsed"]
+    text = bar.format_meter(**d)
+    bar.close()
+    return (d["total"] - d["n"]) / rate, text
+
+
+def test_progress_eta_starts_after_the_compiling_step(monkeypatch):
+    eta, text = _eta_after_first_steps(monkeypatch, restart=True)
+    assert 5 < eta < 20, eta  # 989 steps of 0.01 s
+    assert "11/1000" in text and "<00:09" in text, text
+    stale, _ = _eta_after_first_steps(monkeypatch, restart=False)
+    assert stale > 100  # what the bar showed before: the compile time in the ETA

@@ -136,7 +136,11 @@ def test_eval_dt_within_a_layer_is_honoured(charlm, capsys):
     rows = {}
     for dt in ("1", "0.5"):
         assert main(["eval", "--checkpoint", str(out), "--dt", dt]) == 0
-        rows[dt] = json.loads(capsys.readouterr().out)
+        res = capsys.readouterr()
+        rows[dt] = json.loads(res.out)
+        # a per-layer model at another step is another network: said on stderr, once
+        warned = "per-layer model" in res.err and "different network" in res.err
+        assert warned == (dt == "0.5"), res.err
     assert rows["1"]["eval_nats_per_char"] == pytest.approx(trained, rel=1e-6)
     assert rows["0.5"]["dt"] == 0.5
     assert rows["0.5"]["eval_nats_per_char"] != rows["1"]["eval_nats_per_char"]
@@ -200,9 +204,13 @@ def test_torn_metrics_tail_does_not_block_resume(charlm, tmp_path):
     path = run / "metrics.jsonl"
     complete = path.read_text().splitlines()
     assert [json.loads(r)["step"] for r in complete] == [1, 2]
-    path.write_text(path.read_text() + '{"step": 3, "loss": 0.5')  # killed mid-append
-    assert train(resume=run)["step"] == 2  # the run was complete: nothing left to do
-    assert path.read_text().splitlines() == complete  # every complete row, not the torn one
+    torn = path.read_text() + '{"step": 3, "loss": 0.5'  # killed mid-append
+    path.write_text(torn)
+    done = train(resume=run)  # the run was complete: nothing left to do, nothing written
+    assert (done["step"], done["complete"], done["files"]) == (2, True, [])
+    assert done["metrics"] == json.loads(complete[-1])  # every complete row, not the torn one
+    assert path.read_text() == torn
+    # (a resume that trains rewrites the file without the torn line: test_train_resume.py)
     # damage before the last line is not a torn tail: an error naming the line
     path.write_text("{oops\n" + path.read_text())
     with pytest.raises(ValueError, match=r"metrics\.jsonl' line 1 is damaged"):
@@ -210,6 +218,20 @@ def test_torn_metrics_tail_does_not_block_resume(charlm, tmp_path):
 
 
 # ------------------------------------------------------------------ charlm without its corpus
+def test_resume_of_a_finished_run_says_so_and_writes_nothing(charlm, tmp_path, capsys):
+    out, _, _ = charlm
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.iterdir()}
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "already complete at step 2" in said and "nothing written" in said, said
+    assert f"the config of {run / 'checkpoint.json'}" in said  # not "<built-in default>"
+    assert "wrote" not in said and "{}" not in said
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.iterdir()}
+    assert after == before
+
+
 def test_eval_and_sample_need_no_corpus(charlm, tmp_path, capsys):
     out, text, trained = charlm
     moved = tmp_path / "moved"

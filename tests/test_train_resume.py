@@ -64,8 +64,14 @@ def test_killed_and_resumed_run_is_bitwise_equal(tmp_path, table):
     part = train(cfg, out=tmp_path / "part", stop_at=3)
     assert part["step"] == 3
     assert read_checkpoint_meta(tmp_path / "part")["step"] == 2
+    with open(tmp_path / "part" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "loss": 0.5')  # killed mid-append: a torn last line
     resumed = train(out=None, resume=tmp_path / "part")  # the checkpoint's own config
-    assert resumed["step"] == cfg.optim.steps
+    assert resumed["step"] == cfg.optim.steps and resumed["complete"]
+    part = tmp_path / "part"
+    state = f"state-{cfg.optim.steps:08d}.eqx"
+    written = ["metrics.jsonl", "loss_curve.png", SIDECAR, state]
+    assert resumed["files"] == [str(part / name) for name in written]
     _assert_bitwise(full["model"], resumed["model"])
     _assert_bitwise(full["opt_state"], resumed["opt_state"])
     # the saved final checkpoints are equal too, and so is every logged loss

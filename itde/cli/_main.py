@@ -1,12 +1,17 @@
-"""The `itde` command line: experiments configured by TOML files read at the edge."""
+"""The `itde` command line: solve the Transformer read as an integro-differential equation
+in depth, measure the convergence of its integrators, and train, evaluate and sample models.
+
+Nothing here imports JAX until a command runs, so `itde --help` answers at once."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from .. import _config
 from .._io import check_output_dir, write_json
+from ._help import Parser, writes
 
 
 def _out(flag, configured, key):
@@ -77,35 +82,42 @@ def cmd_solve(args) -> int:
     )
     ys = np.asarray(run(model, u0))
     fw = model._feature_weights()
-    norms = np.sqrt(np.asarray(feature_mean(jnp.asarray(ys) ** 2, fw)))[
-        ..., 0
-    ]  # [layers+1, tokens]
+    rms = lambda u: np.sqrt(np.asarray(feature_mean(jnp.asarray(u) ** 2, fw)))[..., 0]  # noqa: E731
+    norms = rms(ys)  # [layers + 1, tokens]
+    change = rms(ys[1:] - ys[:-1]) / norms[:-1]  # [layers, tokens]: what each layer moves
     rows = []
     print(
         f"itde solve: {model.n_layers} layers, {cfg.solve.n_tokens} tokens x "
         f"{model.n_features} features, dt={cfg.solve.dt} ({source})"
     )
-    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'mean resid':>11} {'var resid':>11}")
+    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'change':>9} {'mean resid':>11} "
+          f"{'var resid':>11}")  # fmt: skip
     for n in range(model.n_layers + 1):
-        if n == 0:
-            rm = rv = float("nan")
+        if n == 0:  # the input is on no constraint set and no layer has moved it yet
+            rm = rv = dn = None
+            cells = f"{'-':>9} {'-':>11} {'-':>11}"
         else:
             norm = model.controls.layer(n - 1).norm2
             rm, rv = (float(r) for r in norm.residuals(jnp.asarray(ys[n]), fw))
+            dn = float(change[n - 1].mean())
+            cells = f"{dn:>9.4f} {rm:>11.2e} {rv:>11.2e}"
         rows.append(
             {
                 "layer": n,
                 "t": float(ts[n]),
                 "token_mean_norm": float(norms[n].mean()),
-                # null for layer 0: the input is on no constraint set (and NaN is not JSON)
-                "mean_residual": None if n == 0 else rm,
-                "var_residual": None if n == 0 else rv,
+                # null for layer 0 (NaN is not JSON)
+                "token_mean_change": dn,
+                "mean_residual": rm,
+                "var_residual": rv,
             }
         )
-        print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {rm:>11.2e} {rv:>11.2e}")
+        print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {cells}")
     write_json(out / "summary.json", {"config": source, "layers": rows})
-    png = plot_trajectory(norms, np.asarray(ts), out / "trajectory.png")
-    print(f"wrote {out / 'summary.json'} and {png}")
+    residuals = np.asarray([[r["mean_residual"], r["var_residual"]] for r in rows[1:]])
+    layers = np.arange(1, model.n_layers + 1)
+    png = plot_trajectory(change, residuals, layers, out / "trajectory.png", dtype=ys.dtype)
+    print(f"wrote {out / 'summary.json'}, {png}")
     return 0
 
 
@@ -156,28 +168,100 @@ def cmd_converge(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the `itde` command line on `argv` (default `sys.argv[1:]`); return the exit
-    status: 0 on success, 2 for a mistake the user can fix (printed as one line)."""
-    parser = argparse.ArgumentParser(prog="itde", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("solve", help="solve the Transformer IDE for a random model and state")
-    p.add_argument("--config", help="TOML file (default: the built-in default config)")
-    p.add_argument("--out", help="output directory (default: [solve].out of the config)")
-    p.set_defaults(func=cmd_solve)
-    p = sub.add_parser("converge", help="observed convergence orders of the depth integrators")
-    p.add_argument("--config", help="TOML file (default: configs/convergence.toml's values)")
-    p.add_argument("--out", help="output directory (default: [study].out of the config)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument(
-        "--axis",
-        choices=_config.AXES,
-        help="what to refine (default: [study].axis of the config, 'depth')",
+def _default(cls, field: str):
+    """The built-in default of a config field (read without building the config)."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}[field]
+
+
+DESCRIPTION = """\
+Solve the Transformer read as an integro-differential equation in depth (layers are
+depth-time, attention a quadrature in the tokens, LayerNorm a projection), measure how
+its depth integrators converge, and train, evaluate and sample models of it.
+
+Every command is configured by an optional TOML file (`--config`, the files in
+configs/); a mistake a user can fix is one line on stderr and exit status 2.
+Run `itde COMMAND --help` for a command's options and the files it writes."""
+
+
+def _add_solve(sub) -> None:
+    out = _default(_config.SolveConfig, "out")
+    p = sub.add_parser(
+        "solve",
+        help="solve the equation for a random model and state; per-layer summaries",
+        description=(
+            "Build a random post-LN Transformer read as the equation (from the [model] and\n"
+            "[grid] tables), solve it in depth from a random state with the paper's Lie\n"
+            "splitting (step [solve] dt), and print per layer the token-mean feature norm,\n"
+            "how far the layer moved the tokens (relative change) and the distance of the\n"
+            "state from the LayerNorm constraint set."
+        ),
+        epilog=writes(
+            ("summary.json", "the per-layer rows printed, and the config's name"),
+            ("trajectory.png", "each token's change per layer; distance from the set"),
+        ),
     )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with [model], [grid] and [solve] tables (default: the built-in "
+        "values, those of configs/solve.toml)",
+    )
+    p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
+                   f"(default: [solve] out of the config, {out!r})")  # fmt: skip
+    p.set_defaults(func=cmd_solve)
+
+
+def _add_converge(sub) -> None:
+    out = _default(_config.StudyConfig, "out")
+    axis = _default(_config.StudyConfig, "axis")
+    p = sub.add_parser(
+        "converge",
+        help="observed convergence orders of the depth integrators or quadrature rules",
+        description=(
+            "Measure observed orders of convergence (the slope of log error against log\n"
+            "step) in float64. --axis depth: every depth integrator of [study] schemes at\n"
+            "[study] steps against a projected Dopri8 reference, on a smooth problem.\n"
+            "--axis tokens / features: a model whose kernels are functions on refining\n"
+            "token / feature grids, one row per quadrature rule; --axis all refines the\n"
+            "depth step, tokens and features together (steps = nodes / 4)."
+        ),
+        epilog=writes(
+            ("convergence.json", "--axis depth: errors, steps, observed orders, the problem"),
+            ("convergence_depth.png", "--axis depth: error against depth step, log-log"),
+            ("convergence_AXIS.json", "other axes: errors, node counts, observed orders"),
+            ("convergence_AXIS.png", "other axes: error against the number of nodes"),
+        ),
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML file with [problem], [reference] "
+                   "and [study] tables (default: the built-in values, those of "
+                   "configs/convergence.toml)")  # fmt: skip
+    p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
+                   f"(default: [study] out of the config, {out!r})")  # fmt: skip
+    p.add_argument("--axis", choices=_config.AXES, metavar="AXIS", help="what to refine: "
+                   f"%(choices)s (default: [study] axis of the config, {axis!r})")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_converge)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `itde` argument parser (building it imports no JAX)."""
+    parser = Parser(prog="itde", description=DESCRIPTION)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands",
+        parser_class=Parser,
+    )  # fmt: skip
+    _add_solve(sub)
+    _add_converge(sub)
     from ._train import add_train_commands
 
     add_train_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `itde` command line on `argv` (default `sys.argv[1:]`); return the exit
+    status: 0 on success, 2 for a mistake the user can fix (printed as one line)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)

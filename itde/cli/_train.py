@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..train._config import ConfigError
+from .._config import ConfigError
+from ._help import Names, writes
 
 
 def _load_config(path):
@@ -32,16 +33,22 @@ def cmd_train(args) -> int:
             "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
         )
     cfg, source = _load_config(args.config)
-    if cfg is None and args.resume is None:
+    if cfg is None and args.resume is not None:
+        source = f"the config of {Path(args.resume) / 'checkpoint.json'}"
+    elif cfg is None:
         cfg = TrainExperiment()
     summary = train(cfg, out=args.out, resume=args.resume, source=source,
                     progress=False if args.no_progress else None,
                     overwrite=args.overwrite)  # fmt: skip
     m = summary["metrics"]
     shown = {k: round(v, 6) for k, v in m.items() if isinstance(v, float) and k != "lr"}
+    if summary["files"] == [] and summary["complete"]:
+        print(f"itde train ({source}): {args.resume} is already complete at step "
+              f"{summary['step']} ([optim] steps); nothing to train, nothing written. "
+              f"Its last logged row: {json.dumps(shown)}")  # fmt: skip
+        return 0
     print(f"itde train ({source}): step {summary['step']}, {json.dumps(shown)}")
-    print(f"wrote {summary['out']}/metrics.jsonl, loss_curve.png and checkpoint.json "
-          f"({summary['wall_s']:.1f} s)")  # fmt: skip
+    print(f"wrote {', '.join(summary['files'])} ({summary['wall_s']:.1f} s)")
     return 0
 
 
@@ -67,7 +74,18 @@ def cmd_eval(args) -> int:
             "the checkpoint's [task] eval_size)"
         )
     run, model, meta = _restore(args.checkpoint)
+    trained = model
     model = with_depth(model, args.solver, args.dt, name="--dt")
+    if not run.cfg.model.continuous and model.dt != trained.dt:
+        print(
+            f"itde eval: warning: {args.checkpoint!r} holds a per-layer model (scheme "
+            f"{trained.scheme!r}): it is the trained network only at its training step "
+            f"dt={trained.dt:g}; at dt={model.dt:g} every layer's block is split into other "
+            "steps, which makes a different network, not a finer solve of the same one, so "
+            "expect other metrics. Only continuous-depth models ([model] scheme = a smooth "
+            "scheme such as 'rk4') solve the same equation at every step.",
+            file=sys.stderr,
+        )
     task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
     chunks = run.eval_chunks(args.size, task)
     metrics = evaluate(model, chunks, task, run.compute_dtype)
@@ -116,39 +134,100 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def _tasks_epilog() -> str:
+    from .. import train
+
+    lines = [f"  {name:<10}itde.train.{cls.__name__}, scored by {cls.metric_label}"
+             for name, cls in train.TASKS.items()]  # fmt: skip
+    return (
+        "tasks ([task] name of the config; itde.train.TASKS):\n" + "\n".join(lines) + "\n\n"
+        + writes(
+            ("metrics.jsonl", "one JSON row per logged step: loss, lr, wall time, metrics"),
+            ("loss_curve.png", "training loss and the held-out metric against step"),
+            ("checkpoint.json", "the checkpoint's sidecar: config, step, data key, checksums"),
+            ("state-STEP.eqx", "parameters and optimiser state (Equinox serialisation)"),
+        )
+    )
+
+
 def add_train_commands(sub) -> None:
     """Add `train`, `eval` and `sample` to the `itde` sub-parsers `sub`."""
     p = sub.add_parser(
-        "train", help="train a model (sort, burgers, charlm) through the depth solve"
+        "train",
+        help="train a model on a built-in task through the depth solve",
+        description=(
+            "Train a model whose hidden layers are the equation solved in depth: AdamW with\n"
+            "warm-up and cosine decay, gradients through the depth solve. The task, model,\n"
+            "optimiser and schedule come from the config ([task], [model], [optim], [run]);\n"
+            "every run is a pure function of [optim] seed, and --resume continues one\n"
+            "bit for bit."
+        ),
+        epilog=_tasks_epilog,
     )
     p.add_argument(
-        "--config", help="TOML file (default: the built-in sort task = configs/sort.toml)"
+        "--config",
+        metavar="FILE",
+        help="TOML file (default: the built-in sort task, the values of configs/sort.toml; "
+        "with --resume: the checkpoint's)",
     )
-    p.add_argument("--out", help="output directory (default: [run].out, or --resume's)")
-    p.add_argument("--resume", metavar="DIR", help="continue exactly from the checkpoint in DIR")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: [run] out of the "
+                   "config, else runs/TASK; with --resume: DIR of --resume)")  # fmt: skip
+    p.add_argument("--resume", metavar="DIR", help="continue, bit for bit, the run whose "
+                   "checkpoint is in DIR (default: start afresh)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --out that already holds a checkpoint")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument(
-        "--overwrite", action="store_true", help="start afresh in an --out that has a checkpoint"
-    )
     p.set_defaults(func=_guard(cmd_train))
-    p = sub.add_parser("eval", help="evaluate a checkpoint, optionally with another depth "
-                       "scheme / step or (burgers) token grid")  # fmt: skip
-    p.add_argument("--checkpoint", required=True, metavar="DIR")
-    p.add_argument("--dt", type=float, help="depth step, 0 < dt <= one layer ('lie') or the "
-                   "depth (default: the training one)")  # fmt: skip
-    p.add_argument("--solver", help="depth scheme: 'lie' (per-layer models) or a continuous "
-                   "one, e.g. rk4, heun, strang (the schemes of `itde converge`)")  # fmt: skip
-    p.add_argument("--grid", type=int, help="burgers: grid points N of the token domain")
-    p.add_argument("--size", type=int, help="held-out examples, > 0, rounded up to whole "
-                   "batches (default [task].eval_size)")  # fmt: skip
+
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint, optionally at another depth step, scheme or grid",
+        description=(
+            "Evaluate a checkpoint of `itde train` on its held-out set (rebuilt from the\n"
+            "checkpoint; no data file is read) and print one JSON line: step, scheme, dt,\n"
+            "examples and the task's metrics. --dt / --solver change the depth step and\n"
+            "scheme: for a continuous-depth model (a smooth scheme such as rk4) that is a\n"
+            "finer or coarser solve of the same equation; for a per-layer model ('lie',\n"
+            "the default) another step is a different network, and the command says so."
+        ),
+        epilog="writes nothing; prints one JSON line.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a directory written by `itde train` (it holds checkpoint.json)",
+    )
+    p.add_argument("--dt", type=float, metavar="DT", help="depth step, 0 < DT <= one layer "
+                   "('lie') or the depth (default: the trained step)")  # fmt: skip
+    p.add_argument("--solver", choices=Names("itde", "SCHEMES"), metavar="SCHEME",
+                   help="depth scheme, one of %(choices)s; 'lie' for per-layer models, the "
+                   "others for continuous-depth ones (default: the trained scheme)")  # fmt: skip
+    p.add_argument("--grid", type=int, metavar="N", help="burgers only: grid points of the "
+                   "token domain (default: the trained grid)")  # fmt: skip
+    p.add_argument("--size", type=int, metavar="N", help="held-out examples, > 0, rounded "
+                   "up to whole batches (default: [task] eval_size of the checkpoint)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_eval))
-    p = sub.add_parser("sample", help="generate text from a charlm checkpoint")
-    p.add_argument("--checkpoint", required=True, metavar="DIR")
-    p.add_argument("--prompt", default="", help="text to continue (characters of the corpus)")
-    p.add_argument("--length", type=int, default=200, help="characters to generate (printed "
-                   "as they are drawn)")  # fmt: skip
-    p.add_argument("--temperature", type=float, default=1.0, help=">= 0; 0 = greedy")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed in [0, 2**32 - 1]")
+
+    p = sub.add_parser(
+        "sample",
+        help="generate text from a charlm checkpoint",
+        description=(
+            "Continue --prompt with characters drawn from a checkpoint of the charlm task,\n"
+            "printed as they are drawn (Ctrl-C keeps what was printed)."
+        ),
+        epilog="writes nothing; prints the prompt and the generated text.",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a directory written by `itde train` on the charlm task")  # fmt: skip
+    p.add_argument("--prompt", default="", metavar="TEXT", help="text to continue, in "
+                   "characters of the training corpus (default: empty)")  # fmt: skip
+    p.add_argument("--length", type=int, default=200, metavar="N",
+                   help="characters to generate, >= 0 (default: %(default)s)")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling "
+                   "temperature, >= 0; 0 = greedy (default: %(default)s)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, metavar="SEED",
+                   help="sampling seed in [0, 2**32 - 1] (default: %(default)s)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_sample))
 
 

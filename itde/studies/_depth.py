@@ -185,33 +185,107 @@ def format_table(result: dict) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         errs = "".join(f"{e:>11.2e}" for e in r["errors"])
-        exp = "geom" if r["expected_order"] is None else f"{r['expected_order']:.0f}"
-        lines.append(f"{r['scheme']:<{width}}{exp:>9}{r['observed_order']:>9.2f}  {errs}")
+        exp = "geom." if r["expected_order"] is None else f"{r['expected_order']:.0f}"
+        q = r["observed_order"]
+        obs = f"{q:.2f}" if math.isfinite(q) and r["expected_order"] is not None else "-"
+        lines.append(f"{r['scheme']:<{width}}{exp:>9}{obs:>9}  {errs}")
         if r.get("n") != rows[0].get("n") and key == "n":
             lines[-1] += f"   (n = {r['n']})"
+    if any(r["expected_order"] is None for r in rows):
+        lines.append("geom.: geometric (spectral) convergence, no algebraic order to fit")
     return "\n".join(lines)
 
 
-def plot_study(result: dict, path: Path) -> Path:
-    from .._plot import _pyplot
+#: Errors below this are round-off and left out of the fitted order (as in `study_order`).
+FLOORS = {"depth": 1e-12, "grid": 1e-13}
+
+
+def _same_as(rows: list[dict], i: int) -> str | None:
+    """The scheme of an earlier row with the same errors as row `i` (its curve would hide
+    under that row's), or None."""
+    e = np.asarray(rows[i]["errors"])
+    for r in rows[:i]:
+        other = np.asarray(r["errors"])
+        if other.shape == e.shape and np.allclose(other, e, rtol=1e-9, atol=0):
+            return r["scheme"]
+    return None
+
+
+def _legend_label(r: dict) -> str:
+    p, q = r["expected_order"], r["observed_order"]
+    if p is None:  # spectral accuracy: no algebraic order to fit
+        n = r.get("n_reaching_1e-10")
+        if n is None:
+            return f"{r['scheme']}: geometric, not yet at round-off"
+        tail = [e for m, e in zip(r["n"], r["errors"], strict=True) if m >= n]
+        return f"{r['scheme']}: geometric, {max(tail):.0e} at N = {n}"
+    if not math.isfinite(q):
+        return f"{r['scheme']}: at round-off (expected order {p:g})"
+    return f"{r['scheme']}: order {q:.2f} (expected {p:g})"
+
+
+def figure_study(result: dict):
+    """The log-log figure of a convergence study (`itde converge`): error against the
+    depth step (`axis = "depth"`) or against the number of nodes, one curve per scheme or
+    rule with its observed order in the legend, a dotted guide of the expected order
+    below each curve, and the round-off floor excluded from the fits."""
+    from .._plot import ZERO_AT, _pyplot, integer_ticks
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
-    for i, r in enumerate(result["results"]):
+    fig, ax = plt.subplots(figsize=(7, 6.2), layout="constrained")
+    axis, rows, prob = result["axis"], result["results"], result["problem"]
+    depth = axis == "depth"
+    guide_gap = 3.0  # guides run this factor below the data, parallel to the expected slope
+    for i, r in enumerate(rows):
         c = f"C{i % 10}"
-        dt = np.asarray(r["dt"]) if "dt" in r else 1.0 / np.asarray(r["n"], dtype=float)
-        e = np.maximum(np.asarray(r["errors"]), 1e-17)
-        ax.loglog(dt, e, "o-", color=c, label=f"{r['scheme']} ({r['observed_order']:.2f})")
+        x = np.asarray(r["dt"] if depth else r["n"], dtype=float)
+        e = np.asarray(r["errors"], dtype=float)
+        same = _same_as(rows, i)
+        label = _legend_label(r) + (f"; same errors as {same}" if same else "")
+        style = dict(ls="--", marker="o", mfc="none", ms=9) if same else dict(ls="-", marker="o")
+        ax.loglog(x, np.maximum(e, ZERO_AT), color=c, label=label, zorder=3, **style)
         p = r["expected_order"]
-        anchor = np.argmin(dt)
-        if p is not None and e[anchor] > 0 and math.isfinite(p):
-            ax.loglog(dt, e[anchor] * (dt / dt[anchor]) ** p, ":", color=c, alpha=0.6)
-    axis = result["axis"]
-    ax.set_xlabel("depth step $\\Delta t$" if axis == "depth" else "1 / number of nodes")
-    ax.set_ylabel("max error against the reference")
-    ax.set_title(f"convergence in {axis} (dotted: expected slopes)")
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
+        anchor = int(np.argmin(x)) if depth else int(np.argmax(x))  # the finest point
+        if p is not None and e[anchor] > 0 and math.isfinite(p) and not same:
+            slope = p if depth else -p
+            guide = e[anchor] / guide_gap * (x / x[anchor]) ** slope
+            ax.loglog(x, guide, ":", color=c, alpha=0.8, lw=1.5, zorder=2)
+    floor = FLOORS["depth" if depth else "grid"]
+    ax.axhline(floor, color="0.5", lw=1, ls="-.", zorder=1,
+               label=f"round-off floor {floor:.0e} (points below: not fitted)")  # fmt: skip
+    ax.plot([], [], ":", color="0.3", label=f"dotted: expected order, drawn {guide_gap:g}x below")
+    if depth:
+        t1 = prob["t1"]
+        steps = [round(t1 / dt) for dt in rows[0]["dt"]]
+        integer_ticks(ax.xaxis, rows[0]["dt"])
+        ax.set_xticklabels([f"{t1:g}/{n}" for n in steps])
+        ax.set_xlabel(f"depth step $\\Delta t = T/n$ (T = {t1:g})")
+        ax.set_ylabel("max error of $u(T)$ against the reference")
+        ax.set_title(
+            f"Depth convergence: {prob['n_tokens']} tokens x {prob['n_features']} features, "
+            f"{prob['activation']}\nreference: projected Dopri8, float64", fontsize=11
+        )
+    else:
+        integer_ticks(ax.xaxis, rows[0]["n"])
+        fixed = f"{prob.get('fixed_nodes', '')} Gauss-Legendre nodes".strip()
+        what = {
+            "tokens": (f"token nodes N (features fixed: {fixed})", "the token grid"),
+            "features": (f"feature nodes N (tokens fixed: {fixed})", "the feature grid"),
+            "all": ("nodes N on tokens and on features; depth steps N/4",
+                    "depth step, tokens and features together"),
+        }[axis]  # fmt: skip
+        ax.set_xlabel(what[0])
+        ax.set_ylabel(r"$|J - J_{\mathrm{ref}}|$, $J = \int\int g\,u(T)$")
+        ref = result["reference"]
+        ax.set_title(f"Convergence in {what[1]}\nreference: {ref['nodes']} Gauss-Legendre "
+                     f"nodes, {ref.get('solver', '')}, float64", fontsize=11)  # fmt: skip
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
+    return fig
+
+
+def plot_study(result: dict, path: Path) -> Path:
+    """Write [`figure_study`][] to `path` (`convergence_<axis>.png`)."""
+    return save_figure(figure_study(result), path)
 
 
 def write_outputs(result: dict, out: Path) -> tuple[Path, Path]:

@@ -305,6 +305,15 @@ def _save(out: Path, step: int, state, meta: dict) -> None:
     ckpt.save(out, step, state, meta)
 
 
+def restart_clock(bar) -> None:
+    """Restart a tqdm bar's clock and rate averages at its current count, so that its rate
+    and ETA come from the steps after this point (not from a step that compiled)."""
+    n = bar.n
+    bar.reset()  # count 0, clock and moving averages restarted
+    bar.initial = bar.n = bar.last_print_n = n
+    bar.refresh()
+
+
 def _read_metrics(path: Path, upto: int) -> list[dict]:
     """The rows of `metrics.jsonl` up to step `upto`. A torn last line (a crash while it was
     appended) is dropped; every complete row is kept; damage elsewhere is an error."""
@@ -355,7 +364,10 @@ def train(
     - `progress`: show a tqdm bar (default `cfg.run.progress`).
     - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
 
-    **Returns:** a summary dict: final step, loss, evaluation metrics, wall time, paths.
+    **Returns:** a summary dict: `step` (the last step), `metrics` (the last logged row),
+    `wall_s`, `out`, `files` (every file written, the checkpoint's state file included;
+    empty when a resumed run was already complete), `complete` (the run reached
+    `optim.steps`), `model`, `opt_state`.
     """
     if cfg is not None and not isinstance(cfg, TrainExperiment):
         raise TypeError(
@@ -387,13 +399,24 @@ def train(
         model, opt_state = run.init_state()
         model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
         start, wall0, rows = 0, 0.0, []
+    total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
+    if start >= total:  # a finished run: nothing to train, nothing is written
+        return {
+            "step": start,
+            "metrics": rows[-1] if rows else {},
+            "wall_s": wall0,
+            "out": str(out),
+            "files": [],
+            "complete": True,
+            "model": model,
+            "opt_state": opt_state,
+        }
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.atomic_write(
             out / "metrics.jsonl",
             lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()),
         )
-    total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
     step_fn = make_step(run.optimizer, run.task, run.compute_dtype)
     chunks = run.eval_chunks()
     show = r.progress if progress is None else progress
@@ -401,7 +424,7 @@ def train(
 
     bar = tqdm(total=total, initial=start, disable=not (show and is_main), desc="itde train")
     t_start, t_log, n_log = time.perf_counter(), time.perf_counter(), 0
-    done = start
+    done, saved = start, False
     last: dict = {}
     for s in range(start, total):
         model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
@@ -431,21 +454,30 @@ def train(
             m["wall_s"] = wall0 + time.perf_counter() - t_start
             # process 0 writes; the broadcast of its outcome is the barrier after the save
             dist.on_main(lambda: _save(out, done, (model, opt_state), m), errors=_ERRORS)
+            saved = True
         bar.update(1)
+        if s == start:
+            restart_clock(bar)  # the first step compiled: its time says nothing of the rest
         if stop_at is not None and done >= stop_at:
             break
     bar.close()
-    if is_main and start < total:
+    files = []
+    if is_main:
         from ._plot import plot_metrics
 
         plot_metrics(
             _read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png", run.task
         )
+        files = [out / "metrics.jsonl", out / "loss_curve.png"]
+        if saved:
+            files += [out / ckpt.SIDECAR, out / ckpt.read_meta(out)["leaves"]]
     return {
         "step": done,
         "metrics": last,
         "wall_s": wall0 + time.perf_counter() - t_start,
         "out": str(out),
+        "files": [str(f) for f in files],
+        "complete": done >= total,
         "model": model,
         "opt_state": opt_state,
     }

@@ -1,0 +1,163 @@
+"""Every code block of README.md runs as written.
+
+- `python` blocks: each in a namespace of its own (no block leans on another's names), in a
+  fresh interpreter started in a scratch directory holding a copy of `configs/`; the
+  training block (it trains) with `-m slow`.
+- `bash` blocks: every `itde` command runs (`python -m itde.cli`, same arguments) in a
+  scratch directory, with the smaller settings the README states next to the block; the
+  install line is checked against `pyproject.toml`; the suite does not run itself.
+- `text` blocks: the layout listing; every file and folder it names exists.
+
+Running the blocks compiles small models (15-60 s a test on a 2-core CPU), so those tests
+are `-m slow`; the default run checks that every block parses, every `itde` command's
+options and choices exist, and the layout's files exist.
+"""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+BLOCKS = [(m.group(1), m.group(2), README[: m.start()].count("\n") + 1)
+          for m in FENCE.finditer(README)]  # fmt: skip
+SETUP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest")
+
+
+def _blocks(lang):
+    return [(code, line) for lg, code, line in BLOCKS if lg == lang]
+
+
+def _commands(code):
+    """The commands of a shell block: `&&`-chains split, comments dropped."""
+    out = []
+    for line in code.splitlines():
+        line = line.split(" #")[0].strip()
+        if line and not line.startswith("#"):
+            out += [c.strip() for c in line.split("&&")]
+    return out
+
+
+def test_every_block_is_python_bash_or_layout_and_parses():
+    assert {lg for lg, _, _ in BLOCKS} == {"python", "bash", "text"}, BLOCKS
+    from itde.cli._main import build_parser
+
+    for code, line in _blocks("python"):
+        compile(code, f"README.md:{line}", "exec")
+    for code, line in _blocks("bash"):
+        for cmd in _commands(code):
+            if cmd.startswith("itde "):  # the options and choices exist
+                build_parser().parse_args(shlex.split(cmd)[1:])
+            else:
+                assert cmd.startswith(SETUP), f"README.md:{line}: unknown command {cmd!r}"
+
+
+def test_setup_line_names_real_extras_and_the_itde_script():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (code, _), *_ = _blocks("bash")
+    (extras,) = re.findall(r'pip install -e "\.\[([\w,]+)\]"', code)
+    assert set(extras.split(",")) <= set(project["optional-dependencies"])
+    assert project["scripts"]["itde"] == "itde.cli:main"
+
+
+def test_layout_names_files_that_exist():
+    """The tree's entries (top level and one level in) and every `.py` file its
+    descriptions name exist."""
+    ((code, line),) = _blocks("text")
+    top, seen = "", 0
+    for row in code.splitlines():
+        indent = len(row) - len(row.lstrip())
+        name = row.split()[0]
+        if indent in (0, 2):
+            path = name if indent == 0 else top + name
+            assert (ROOT / path).exists(), f"README.md:{line}: {path} does not exist"
+            top, seen = (name, seen + 1) if indent == 0 else (top, seen + 1)
+        for py in re.findall(r"[\w/]+\.py\b", row[24:]):
+            assert (ROOT / py).exists() or (ROOT / top / py).exists(), py
+    assert seen >= 15
+
+
+RUNNER = """
+import json, sys, traceback
+blocks = json.loads(sys.stdin.read())
+failed = []
+for line, code in blocks:
+    try:
+        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+    except Exception:
+        failed.append(traceback.format_exc())
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def _scratch(tmp_path):
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+def _run_python(blocks, cwd):
+    res = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), cwd=cwd,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def _python_blocks(training: bool):
+    return [(line, code) for code, line in _blocks("python") if ("tr.train(" in code) == training]
+
+
+@pytest.mark.slow  # 3 fresh compiles of small models: 17-24 s each on a 2-core CPU
+def test_python_blocks_run_as_written(tmp_path):
+    """The model blocks (from PyTorch, continuous depth, function kernels)."""
+    blocks = _python_blocks(training=False)
+    assert len(blocks) == 3
+    out = _run_python(blocks, _scratch(tmp_path))
+    assert "(5, 8, 12)" in out and "(16, 16) (32, 32)" in out
+
+
+@pytest.mark.slow  # it trains (20 steps) and evaluates
+def test_training_python_block_runs_as_written(tmp_path):
+    blocks = _python_blocks(training=True)
+    assert len(blocks) == 1
+    out = _run_python(blocks, _scratch(tmp_path))
+    assert "checkpoint.json" in out and "state-00000020.eqx" in out
+    assert (tmp_path / "runs" / "sort-20" / "loss_curve.png").is_file()
+
+
+CONVERGE_SMALL = '[study]\nschemes = ["lie", "heun"]\nsteps = [4, 8, 16]\n'
+
+
+@pytest.mark.slow
+def test_shell_blocks_run_as_written_at_the_sizes_the_readme_states(tmp_path):
+    cwd = _scratch(tmp_path)
+    (cwd / "converge.toml").write_text(CONVERGE_SMALL)
+    sort = (cwd / "configs" / "sort.toml").read_text()
+    small = sort.replace("steps = 1500", "steps = 20").replace("warmup = 100", "warmup = 5")
+    assert small.count("= 20") >= 1 and small != sort
+    (cwd / "sort-20.toml").write_text(small)
+    ran = []
+    for code, line in _blocks("bash"):
+        for cmd in _commands(code):
+            if not cmd.startswith("itde "):
+                continue
+            argv = shlex.split(cmd)[1:]
+            if argv == ["converge"]:  # the set-up block: "a 2-scheme, 3-step config"
+                argv += ["--config", "converge.toml", "--no-progress"]
+            if argv == ["train"]:  # the training block: "steps = 20 and warmup = 5"
+                argv += ["--config", "sort-20.toml", "--no-progress"]
+            res = subprocess.run([sys.executable, "-m", "itde.cli", *argv], cwd=cwd,
+                                 capture_output=True, text=True, timeout=900)  # fmt: skip
+            assert res.returncode == 0, f"README.md:{line}: {cmd}\n{res.stderr}"
+            ran.append(argv[0])
+    assert ran == ["converge", "train", "eval"]
+    assert (cwd / "runs" / "convergence" / "convergence_depth.png").is_file()
+    assert (cwd / "runs" / "sort" / "loss_curve.png").is_file()
