@@ -201,11 +201,11 @@ def main(argv=None) -> dict:
     cmap = plt.get_cmap("viridis")
     rows = [c for c in cases if c["d"] == dims[0]]
     for i, c in enumerate(rows):
-        axes[0].plot(ts, 1 - np.asarray(c["curve_median"]) + 1e-16,
+        axes[0].plot(ts[1:], 1 - np.asarray(c["curve_median"][1:]) + 1e-16,
                      color=cmap(i / max(1, len(rows) - 1)), label=f"beta = {c['beta']:g}")
     axes[0].axhline(DELTA, color="k", ls=":", lw=1, label=f"clustered: 1 - min = {DELTA:g}")
     axes[0].set_yscale("log")
-    axes[0].set_xscale("symlog", linthresh=1.0)
+    axes[0].set_xscale("log")
     axes[0].set_ylim(1e-8, 3)
     axes[0].set_xlabel("depth-time t (dimensionless)")
     axes[0].set_ylabel(r"$1 - \min_{i,j}\langle x_i, x_j\rangle$ (median over seeds)")
@@ -227,6 +227,8 @@ def main(argv=None) -> dict:
                                 label=None if marked else f"d = {d}: not clustered by T")
                 marked = True
     axes[1].set_xscale("log")
+    axes[1].set_xticks(betas, [f"{b:g}" for b in betas])
+    axes[1].minorticks_off()
     axes[1].set_yscale("log")
     axes[1].set_xlabel(r"inverse temperature $\beta$")
     axes[1].set_ylabel(f"time to cluster (1 - min <x_i,x_j> < {DELTA:g})")
