@@ -23,8 +23,9 @@ from itde.train import (
 )
 
 
-def config(path: str, *, task: dict | None = None, model: dict | None = None,
-           optim: dict | None = None) -> TrainExperiment:
+def config(
+    path: str, *, task: dict | None = None, model: dict | None = None, optim: dict | None = None
+) -> TrainExperiment:
     """A shipped config (e.g. configs/burgers.toml) with some keys replaced."""
     d = to_dict(load(TrainExperiment, path))
     if model and model.get("scheme", d["model"]["scheme"]) != "lie":
@@ -64,10 +65,15 @@ class Trainer:
                 t1 = time.perf_counter()
         jax.block_until_ready(loss)
         t2 = time.perf_counter()
-        timing = {"first_step_s": t1 - t0, "steps_s": t2 - t1,
-                  "s_per_step": (t2 - t1) / max(1, self.cfg.optim.steps - 1)}
+        timing = {
+            "first_step_s": t1 - t0,
+            "steps_s": t2 - t1,
+            "s_per_step": (t2 - t1) / max(1, self.cfg.optim.steps - 1),
+        }
         metrics = evaluate(model, run.eval_chunks(), self.first.task)
         if log:
-            log(f"  seed {seed}: loss {float(loss):.4g}, {self.first.task.metric} "
-                f"{metrics[self.first.task.metric]:.4g} ({timing['s_per_step'] * 1e3:.1f} ms/step)")
+            log(
+                f"  seed {seed}: loss {float(loss):.4g}, {self.first.task.metric} "
+                f"{metrics[self.first.task.metric]:.4g} ({timing['s_per_step'] * 1e3:.1f} ms/step)"
+            )
         return model, metrics, timing, run

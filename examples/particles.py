@@ -50,9 +50,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _gallery import log, parser, save, verdict, write_json
 
 import itde
-from _gallery import log, parser, save, verdict, write_json
 
 jax.config.update("jax_enable_x64", True)
 
@@ -127,8 +127,10 @@ def main(argv=None) -> dict:
     else:
         dims, betas, seeds, n, t1, dt = (3, 8), (0.5, 1.0, 2.0, 4.0, 6.0), 6, 32, 3000.0, 0.2
         n_save, b_max = 3001, 4.0
-    log(f"n = {n} tokens, d in {dims}, beta in {betas}, {seeds} seeds, t in [0, {t1}], "
-        f"projected RK4 dt = {dt}")
+    log(
+        f"n = {n} tokens, d in {dims}, beta in {betas}, {seeds} seeds, t in [0, {t1}], "
+        f"projected RK4 dt = {dt}"
+    )
     cases = []
     for d in dims:
         for beta in betas:
@@ -201,8 +203,12 @@ def main(argv=None) -> dict:
     cmap = plt.get_cmap("viridis")
     rows = [c for c in cases if c["d"] == dims[0]]
     for i, c in enumerate(rows):
-        axes[0].plot(ts[1:], 1 - np.asarray(c["curve_median"][1:]) + 1e-16,
-                     color=cmap(i / max(1, len(rows) - 1)), label=f"beta = {c['beta']:g}")
+        axes[0].plot(
+            ts[1:],
+            1 - np.asarray(c["curve_median"][1:]) + 1e-16,
+            color=cmap(i / max(1, len(rows) - 1)),
+            label=f"beta = {c['beta']:g}",
+        )
     axes[0].axhline(DELTA, color="k", ls=":", lw=1, label=f"clustered: 1 - min = {DELTA:g}")
     axes[0].set_yscale("log")
     axes[0].set_xscale("log")
@@ -222,9 +228,14 @@ def main(argv=None) -> dict:
             ok = np.isfinite(tt)
             axes[1].scatter([c["beta"]] * int(ok.sum()), tt[ok], s=10, alpha=0.4, color=f"C{j}")
             if (~ok).any():
-                axes[1].scatter([c["beta"] * (1 + 0.04 * j)] * int((~ok).sum()),
-                                [t1] * int((~ok).sum()), marker="^", s=30, color=f"C{j}",
-                                label=None if marked else f"d = {d}: not clustered by T")
+                axes[1].scatter(
+                    [c["beta"] * (1 + 0.04 * j)] * int((~ok).sum()),
+                    [t1] * int((~ok).sum()),
+                    marker="^",
+                    s=30,
+                    color=f"C{j}",
+                    label=None if marked else f"d = {d}: not clustered by T",
+                )
                 marked = True
     axes[1].set_xscale("log")
     axes[1].set_xticks(betas, [f"{b:g}" for b in betas])
@@ -239,8 +250,16 @@ def main(argv=None) -> dict:
         "experiment": "particles",
         "reference": "Geshkovski, Letrouit, Polyanskiy, Rigollet, A mathematical perspective "
         "on Transformers, arXiv:2312.10794",
-        "setup": {"n_tokens": n, "dims": dims, "betas": betas, "seeds": seeds, "t1": t1,
-                  "dt": dt, "scheme": "rk4 (projected)", "delta": DELTA},
+        "setup": {
+            "n_tokens": n,
+            "dims": dims,
+            "betas": betas,
+            "seeds": seeds,
+            "t1": t1,
+            "dt": dt,
+            "scheme": "rk4 (projected)",
+            "delta": DELTA,
+        },
         "times": ts.tolist(),
         "cases": cases,
         "claims": claims,

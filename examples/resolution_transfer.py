@@ -36,9 +36,9 @@ from pathlib import Path
 import equinox as eqx
 import jax
 import numpy as np
-
 from _gallery import log, parser, save, verdict, write_json
 from _training import Trainer, config
+
 from itde.data import relative_l2
 from itde.train import predict
 
@@ -68,8 +68,12 @@ def main(argv=None) -> dict:
     else:
         width = dict(n_layers=3, n_features=32, n_heads=4, n_hidden=64)
         optim, eval_size = {"steps": 1000, "warmup": 100, "batch_size": 16}, 128
-    cfg = config("configs/burgers.toml", task={"n_grid": n_train, "eval_size": eval_size},
-                 model={**width, "scheme": "lie", "dt": 1.0}, optim=optim)
+    cfg = config(
+        "configs/burgers.toml",
+        task={"n_grid": n_train, "eval_size": eval_size},
+        model={**width, "scheme": "lie", "dt": 1.0},
+        optim=optim,
+    )
     log(f"burgers: train on {n_train} points, {cfg.optim.steps} steps; evaluate on {grids}")
     trainer = Trainer(cfg)
     model, metrics, timing, run = trainer.run(0, log)
@@ -78,8 +82,10 @@ def main(argv=None) -> dict:
     fine = grids[-1]
     data = run.task.on_grid(fine)
     bs = cfg.optim.batch_size
-    parts = [data.eval_batch(jax.random.fold_in(run.eval_key, 10_000 + i), bs)
-             for i in range(math.ceil(eval_size / bs))]
+    parts = [
+        data.eval_batch(jax.random.fold_in(run.eval_key, 10_000 + i), bs)
+        for i in range(math.ceil(eval_size / bs))
+    ]
     x_fine = np.concatenate([np.asarray(p[0]) for p in parts])
     y_fine = np.concatenate([np.asarray(p[1]) for p in parts])
 
@@ -95,27 +101,41 @@ def main(argv=None) -> dict:
         direct = err(predict_jit(model, x), y)
         interp = err(fourier_interpolate(pred_train, n), y)
         floor = err(fourier_interpolate(y_fine[:, ::stride], n), y)
-        rows.append({"grid": n, "model_on_grid": direct, "interpolated_prediction": interp,
-                     "interpolated_exact": floor})
-        log(f"N = {n:4d}: model on the grid {direct:.4e}   {n_train}-point prediction "
-            f"interpolated {interp:.4e}   exact {n_train}-point solution interpolated {floor:.4e}")
+        rows.append(
+            {
+                "grid": n,
+                "model_on_grid": direct,
+                "interpolated_prediction": interp,
+                "interpolated_exact": floor,
+            }
+        )
+        log(
+            f"N = {n:4d}: model on the grid {direct:.4e}   {n_train}-point prediction "
+            f"interpolated {interp:.4e}   exact {n_train}-point solution interpolated {floor:.4e}"
+        )
 
-    print(f"\n| grid points | model evaluated on the grid | its {n_train}-point prediction, "
-          f"interpolated | exact {n_train}-point solution, interpolated |")
+    print(
+        f"\n| grid points | model evaluated on the grid | its {n_train}-point prediction, "
+        f"interpolated | exact {n_train}-point solution, interpolated |"
+    )
     print("|---|---|---|---|")
     for r in rows:
-        print(f"| {r['grid']}{' (train)' if r['grid'] == n_train else ''} | "
-              f"{r['model_on_grid']:.4e} | {r['interpolated_prediction']:.4e} | "
-              f"{r['interpolated_exact']:.4e} |")
+        print(
+            f"| {r['grid']}{' (train)' if r['grid'] == n_train else ''} | "
+            f"{r['model_on_grid']:.4e} | {r['interpolated_prediction']:.4e} | "
+            f"{r['interpolated_exact']:.4e} |"
+        )
     base = rows[0]["model_on_grid"]
     worst = max(r["model_on_grid"] for r in rows)
-    claims = [{
-        "claim": "zero-shot super-resolution: the operator trained at one resolution keeps "
-        "its error at finer ones (paraphrased)",
-        "measured": f"relative L2 {base:.4e} at {grids[0]} points (training grid); at most "
-        f"{worst:.4e} up to {fine} points (ratio {worst / base:.2f})",
-        "holds": bool(worst <= 1.25 * base),
-    }]
+    claims = [
+        {
+            "claim": "zero-shot super-resolution: the operator trained at one resolution keeps "
+            "its error at finer ones (paraphrased)",
+            "measured": f"relative L2 {base:.4e} at {grids[0]} points (training grid); at most "
+            f"{worst:.4e} up to {fine} points (ratio {worst / base:.2f})",
+            "holds": bool(worst <= 1.25 * base),
+        }
+    ]
     verdict(claims)
 
     import matplotlib.pyplot as plt
@@ -123,10 +143,18 @@ def main(argv=None) -> dict:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     ns = [r["grid"] for r in rows]
     a.plot(ns, [r["model_on_grid"] for r in rows], "o-", label="model evaluated on the grid")
-    a.plot(ns, [r["interpolated_prediction"] for r in rows], "s--",
-           label=f"{n_train}-point prediction, Fourier-interpolated")
-    a.plot(ns, [r["interpolated_exact"] for r in rows], "^:",
-           label=f"exact {n_train}-point solution, interpolated")
+    a.plot(
+        ns,
+        [r["interpolated_prediction"] for r in rows],
+        "s--",
+        label=f"{n_train}-point prediction, Fourier-interpolated",
+    )
+    a.plot(
+        ns,
+        [r["interpolated_exact"] for r in rows],
+        "^:",
+        label=f"exact {n_train}-point solution, interpolated (0 on the training grid)",
+    )
     a.axvline(n_train, color="grey", lw=0.8, ls="--", label=f"training grid ({n_train})")
     a.set_xscale("log", base=2)
     a.set_yscale("log")
@@ -151,9 +179,15 @@ def main(argv=None) -> dict:
         "experiment": "resolution_transfer",
         "reference": "Li et al., Fourier Neural Operator for Parametric Partial Differential "
         "Equations, ICLR 2021 (zero-shot super-resolution)",
-        "setup": {"train_grid": n_train, "grids": grids, "model": width, "optim": optim,
-                  "eval_size": int(x_fine.shape[0]), "train_metrics": metrics,
-                  "s_per_step": timing["s_per_step"]},
+        "setup": {
+            "train_grid": n_train,
+            "grids": grids,
+            "model": width,
+            "optim": optim,
+            "eval_size": int(x_fine.shape[0]),
+            "train_metrics": metrics,
+            "s_per_step": timing["s_per_step"],
+        },
         "rows": rows,
         "claims": claims,
     }

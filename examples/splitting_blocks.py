@@ -62,15 +62,26 @@ def task_configs(tiny: bool) -> dict:
     width = dict(n_layers=4, n_features=32, n_heads=4, n_hidden=64)
     if tiny:
         return {
-            "burgers": ("configs/burgers.toml", {"n_grid": 16, "eval_size": 16},
-                        dict(width, n_features=8, n_heads=2, n_hidden=16),
-                        {"steps": 3, "warmup": 1, "batch_size": 8}),
+            "burgers": (
+                "configs/burgers.toml",
+                {"n_grid": 16, "eval_size": 16},
+                dict(width, n_features=8, n_heads=2, n_hidden=16),
+                {"steps": 3, "warmup": 1, "batch_size": 8},
+            ),
         }
     return {
-        "burgers": ("configs/burgers.toml", {"n_grid": 32, "eval_size": 256}, width,
-                    {"steps": 400, "warmup": 40, "batch_size": 16}),
-        "charlm": ("configs/charlm.toml", {"context": 32, "eval_size": 256}, width,
-                   {"steps": 400, "warmup": 40, "batch_size": 16}),
+        "burgers": (
+            "configs/burgers.toml",
+            {"n_grid": 32, "eval_size": 256},
+            width,
+            {"steps": 400, "warmup": 40, "batch_size": 16},
+        ),
+        "charlm": (
+            "configs/charlm.toml",
+            {"context": 32, "eval_size": 256},
+            width,
+            {"steps": 400, "warmup": 40, "batch_size": 16},
+        ),
     }
 
 
@@ -104,19 +115,25 @@ def main(argv=None) -> dict:
 
     # -------------------------------------------------------------- table
     tasks = list(dict.fromkeys(r["task"] for r in results))
-    print("\n| task | scheme | params | A / F evals | time/step vs lie | held-out metric "
-          "(mean ± std over seeds) |")
+    print(
+        "\n| task | scheme | params | A / F evals | time/step vs lie | held-out metric "
+        "(mean ± std over seeds) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in results:
         lie = next(x for x in results if x["task"] == r["task"] and x["scheme"] == "lie")
         r["time_ratio"] = r["s_per_step"] / lie["s_per_step"]
-        print(f"| {r['task']} | {r['scheme']} | {r['params']} | {r['attention_evals']} / "
-              f"{r['feedforward_evals']} | {r['time_ratio']:.2f} | {r['metric']} "
-              f"{r['mean']:.4g} ± {r['std']:.2g} |")
+        print(
+            f"| {r['task']} | {r['scheme']} | {r['params']} | {r['attention_evals']} / "
+            f"{r['feedforward_evals']} | {r['time_ratio']:.2f} | {r['metric']} "
+            f"{r['mean']:.4g} ± {r['std']:.2g} |"
+        )
 
     claims = []
-    for scheme, paper in (("strang", "MacaronNet (Strang) is superior to the Transformer (Lie)"),
-                          ("rk4", "RK (ODE Transformer) blocks improve on the Transformer (Lie)")):
+    for scheme, paper in (
+        ("strang", "MacaronNet (Strang) is superior to the Transformer (Lie)"),
+        ("rk4", "RK (ODE Transformer) blocks improve on the Transformer (Lie)"),
+    ):
         parts, better = [], []
         for task in tasks:
             lie = next(r for r in results if r["task"] == task and r["scheme"] == "lie")
@@ -124,23 +141,39 @@ def main(argv=None) -> dict:
             # better: lower mean, by more than the seeds' spread
             spread = max(lie["std"], other["std"])
             better.append(other["mean"] < lie["mean"] - spread)
-            parts.append(f"{task}: {scheme} {other['mean']:.4g} ± {other['std']:.2g} vs lie "
-                         f"{lie['mean']:.4g} ± {lie['std']:.2g}")
-        claims.append({"claim": f"{paper}, at equal parameters and compute (quoted, paraphrased "
-                       "to this setting)", "measured": "; ".join(parts), "holds": all(better)})
+            parts.append(
+                f"{task}: {scheme} {other['mean']:.4g} ± {other['std']:.2g} vs lie "
+                f"{lie['mean']:.4g} ± {lie['std']:.2g}"
+            )
+        claims.append(
+            {
+                "claim": f"{paper}, at equal parameters and compute (quoted, paraphrased "
+                "to this setting)",
+                "measured": "; ".join(parts),
+                "holds": all(better),
+            }
+        )
     verdict(claims)
 
     # -------------------------------------------------------------- figure
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.2),
-                             constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(5.2 * len(tasks), 4.2), constrained_layout=True, squeeze=False
+    )
     for ax, task in zip(axes[0], tasks):
         rows = [r for r in results if r["task"] == task]
         for i, r in enumerate(rows):
-            ax.bar(i, r["mean"], yerr=r["std"], color=f"C{i}", capsize=4, alpha=0.8,
-                   label=f"{r['scheme']} ({r['params']} params, A/F {r['attention_evals']}/"
-                   f"{r['feedforward_evals']})")
+            ax.bar(
+                i,
+                r["mean"],
+                yerr=r["std"],
+                color=f"C{i}",
+                capsize=4,
+                alpha=0.8,
+                label=f"{r['scheme']} ({r['params']} params, A/F {r['attention_evals']}/"
+                f"{r['feedforward_evals']})",
+            )
             ax.scatter([i] * len(r["values"]), r["values"], color="k", s=12, zorder=3)
         ax.set_xticks(range(len(rows)), [r["scheme"] for r in rows])
         ax.set_xlabel("depth scheme (block)")
@@ -160,8 +193,10 @@ def main(argv=None) -> dict:
             "Li et al., ODE Transformer, ACL 2022",
         ],
         "seeds": seeds,
-        "configs": {t: {"path": p, "task": tk, "model": w, "optim": o}
-                    for t, (p, tk, w, o) in task_configs(args.tiny).items()},
+        "configs": {
+            t: {"path": p, "task": tk, "model": w, "optim": o}
+            for t, (p, tk, w, o) in task_configs(args.tiny).items()
+        },
         "rows": results,
         "claims": claims,
     }
