@@ -2,7 +2,10 @@
 its figure, and prints a claim-vs-measured verdict; where a tiny run can check mathematics
 it does (tokens stay on the sphere and cluster, first-order convergence of the residual
 Transformer with smooth weights, equal kernel parameters across depth schemes, exact
-trigonometric interpolation)."""
+trigonometric interpolation).
+
+The tiny runs of `resnet_ode.py` and `splitting_blocks.py` are behind `-m slow` (each
+is a few diffrax compiles, about a minute on a 2-core CPU)."""
 
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ def test_particle_model_is_the_attention_dynamics(gallery):
     np.testing.assert_allclose(np.asarray(model.attention_field(0.0, x)), expected, atol=1e-12)
 
 
+@pytest.mark.slow  # ~45 s: three diffrax compiles in float64 (2-core CPU)
 def test_resnet_ode_smooth_weights_converge_at_first_order(gallery, tmp_path, capsys):
     data = _run(gallery("resnet_ode"), "resnet_ode", tmp_path, capsys)
     assert 0.8 <= data["rate_smooth"] <= 1.2
@@ -76,6 +80,7 @@ def test_resnet_ode_smooth_weights_converge_at_first_order(gallery, tmp_path, ca
     assert all(b < a for a, b in zip(errs, errs[1:]))
 
 
+@pytest.mark.slow  # ~70 s: a training step compiled for each of the three depth schemes
 def test_splitting_blocks_table(gallery, tmp_path, capsys):
     data = _run(gallery("splitting_blocks"), "splitting_blocks", tmp_path, capsys)
     rows = {r["scheme"]: r for r in data["rows"]}
