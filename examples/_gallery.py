@@ -1,0 +1,79 @@
+"""Shared plumbing of the gallery scripts: argument parsing, the claim-vs-measured table,
+JSON output and figures. Not part of the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+def parser(doc: str, name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run (the tests)")
+    p.add_argument("--out", default=f"runs/examples/{name}", help="output folder")
+    return p
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
+
+
+def verdict(claims: list[dict]) -> None:
+    """Print each claim against what was measured: `claim`, `measured`, `holds`."""
+    print("\n" + "=" * 78)
+    for c in claims:
+        print(f"claim:    {c['claim']}")
+        print(f"measured: {c['measured']}")
+        print(f"-> {'holds' if c['holds'] else 'does not hold'}\n")
+    print("=" * 78)
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if hasattr(v, "tolist"):
+        return _plain(v.tolist())
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_json(out: Path, name: str, payload: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(_plain(payload), indent=2) + "\n", encoding="utf-8")
+    log(f"wrote {path}")
+    return path
+
+
+def save(fig, out: Path, name: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    log(f"wrote {path}")
+    return path
+
+
+def slope(xs, ys) -> float:
+    """Least-squares slope of log(ys) against log(xs)."""
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    num = sum((a - mx) * (b - my) for a, b in zip(lx, ly))
+    den = sum((a - mx) ** 2 for a in lx)
+    return num / den
