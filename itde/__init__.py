@@ -12,6 +12,14 @@ from ._controls import AbstractControls, Block, LegendreControls, PiecewiseConst
 from ._equation import TransformerIDE
 from ._operators._abstract import AbstractAttention, AbstractFeedForward
 from ._operators._attention import Attention
+from ._operators._bias import (
+    AbstractScoreBias,
+    ALiBi,
+    DiscreteBias,
+    T5RelativeBias,
+    alibi_slopes,
+    t5_bucket,
+)
 from ._operators._blocked import blocked_attention, dense_attention, fused_attention
 from ._operators._feedforward import FeedForward
 from ._operators._layernorm import LayerNormProjection
@@ -26,6 +34,14 @@ from ._quadrature._rules import (
     PeriodicTrapezoid,
     Simpson,
     Trapezoid,
+)
+from ._quadrature._volterra import (
+    AbstractVolterraWeights,
+    GregoryVolterra,
+    MidpointVolterra,
+    SpectralVolterra,
+    TrapezoidVolterra,
+    volterra_weights,
 )
 from ._registry import ACTIVATIONS, ATTENTION_IMPLS, FFN_FORMS, SCHEMES, TERMS_KINDS, Scheme
 from ._solve import solve
@@ -87,4 +103,16 @@ __all__ = [
     "solve",
     "stack",
     "to_torch",
+    "AbstractScoreBias",
+    "ALiBi",
+    "DiscreteBias",
+    "T5RelativeBias",
+    "alibi_slopes",
+    "t5_bucket",
+    "AbstractVolterraWeights",
+    "GregoryVolterra",
+    "MidpointVolterra",
+    "SpectralVolterra",
+    "TrapezoidVolterra",
+    "volterra_weights",
 ]

@@ -60,7 +60,9 @@ class TransformerIDE(AbstractEquation):
       discrete Transformer) or `LegendreControls` (smooth in depth).
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
-    - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$.
+    - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$: on the
+      unit grid the Transformer's masked sum; on any other 1-D rule its partial-interval
+      weights ([`volterra_weights`][itde.volterra_weights]: order 2, 4 or geometric).
     - `ffn_form`: `"residual"` — the feed-forward sub-flow is an Euler step of $F$,
       $u_5 = u_2 + F(u_2)$ (PyTorch's block for any $\varepsilon$) — or `"relaxation"`,
       the paper's $u_5 = \tfrac12(u_4 + u_2)$ with $u_4 = F(u_2)$ (the same block when
@@ -189,14 +191,21 @@ class TransformerIDE(AbstractEquation):
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t`."""
         att, head_weights = self.controls(t, "right").attention.discretise(self.grid)
+        lw = self.grid.token_log_weights(u.shape[0], u.dtype)
+        causal, volterra = self.causal, dict()
+        cw = self.grid.causal_weights(u.shape[0]) if self.causal else None
+        if cw is not None:  # causal at quadrature order: per-query weights for [a, x_i]
+            lw, causal = None, cw.strict
+            volterra = dict(query_weights=cw, signed_weights=cw.signed)
         return att(
             u,
             feature_weights=self._feature_weights(),
             head_weights=head_weights,
-            token_log_weights=self.grid.token_log_weights(u.shape[0], u.dtype),
-            causal=self.causal,
+            token_log_weights=lw,
+            causal=causal,
             impl=self.attention_impl,
             block_size=self.block_size,
+            **volterra,
         )
 
     def feedforward_field(self, t, u, args=None):
