@@ -97,7 +97,7 @@ def _biases(n, h):
     }
 
 
-@pytest.mark.parametrize("kind", ["alibi", "t5", "discrete"])
+@pytest.mark.parametrize("kind", ["alibi", pytest.param("t5", marks=pytest.mark.slow), "discrete"])
 def test_biases_equal_in_every_core_forward_and_gradient(kind):
     n, h = 11, 4
     q, k, v = _qkv(n, h)
