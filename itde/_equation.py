@@ -128,7 +128,9 @@ class TransformerIDE(AbstractEquation):
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
     - `block`: `"post_norm"` (default), `"pre_norm"` or `"parallel"` (see above).
-    - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$.
+    - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$: on the
+      unit grid the Transformer's masked sum; on any other 1-D rule its partial-interval
+      weights ([`volterra_weights`][itde.volterra_weights]: order 2, 4 or geometric).
     - `ffn_form`: `"residual"` — the feed-forward sub-flow is an Euler step of $F$,
       $u_5 = u_2 + F(u_2)$ (PyTorch's block for any $\varepsilon$) — or `"relaxation"`,
       the paper's $u_5 = \tfrac12(u_4 + u_2)$ with $u_4 = F(u_2)$ (the same block when
@@ -318,16 +320,23 @@ class TransformerIDE(AbstractEquation):
         att, head_weights = block.attention.discretise(self.grid)
         fw = self._feature_weights()
         v = u if self.block == "post_norm" else block.norm1(u, fw)
+        lw = self.grid.token_log_weights(u.shape[0], u.dtype)
+        causal, volterra = self.causal, dict()
+        cw = self.grid.causal_weights(u.shape[0]) if self.causal else None
+        if cw is not None:  # causal at quadrature order: per-query weights for [a, x_i]
+            lw, causal = None, cw.strict
+            volterra = dict(query_weights=cw, signed_weights=cw.signed)
         return att(
             v,
             feature_weights=fw,
             head_weights=head_weights,
-            token_log_weights=self.grid.token_log_weights(u.shape[0], u.dtype),
-            causal=self.causal,
+            token_log_weights=lw,
+            causal=causal,
             impl=self.attention_impl,
             block_size=self.block_size,
             key_mask=args,
             rotary=self._rotary(u),
+            **volterra,
         )
 
     def feedforward_field(self, t, u, args=None):

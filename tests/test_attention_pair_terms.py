@@ -94,8 +94,12 @@ def test_fused_refuses_signed_weights():
         fused_attention(q, k, v, query_weights=w, signed_weights=True)
 
 
+# one case per core by default (per-query weights with empty rows, and every key padded);
+# the other ways to empty a row run with -m slow
 EMPTY_CASES = [
-    (core, how)
+    pytest.param(
+        core, how, marks=[] if how in ("query_weights", "log_weights") else pytest.mark.slow
+    )
     for core in CORES
     for how in ("log_weights", "query_weights", "bias", "signed")
     if not (core == "fused" and how == "signed")  # fused refuses signed weights (above)

@@ -150,9 +150,11 @@ def _study(axis, rules, nodes, reference_nodes):
 def test_token_axis_midpoint_order():
     """The default-run representative of the resolution studies: a few coarse grids."""
     res = _study("tokens", ("midpoint",), (8, 16, 32), 40)
-    (row,) = res["results"]
+    row, causal = res["results"]  # the tokens axis adds one causal row per rule
     assert row["scheme"] == "midpoint" and row["n"] == [8, 16, 32]
     assert row["observed_order"] == pytest.approx(2, abs=0.25), row["errors"]
+    assert causal["scheme"] == "causal-midpoint" and causal["expected_order"] == 2.0
+    assert causal["observed_order"] == pytest.approx(2, abs=0.3), causal["errors"]
     json.dumps(res)  # JSON-ready, "n" in place of "dt"
     assert "dt" not in row
 
@@ -167,6 +169,17 @@ def test_token_axis_orders():
     assert gl["errors"][1] < 1e-10 and gl["n_reaching_1e-10"] <= 32
     json.dumps(res)  # JSON-ready, "n" in place of "dt"
     assert "n" in gl and "dt" not in gl
+
+
+@pytest.mark.slow
+def test_token_axis_causal_orders():
+    """Causal (Volterra) rows against references by other methods: order 2, 4, geometric."""
+    res = _study("tokens", ("trapezoid", "simpson", "gauss-legendre"), (16, 32, 64, 128), 192)
+    rows = {r["scheme"]: r for r in res["results"]}
+    assert rows["causal-trapezoid"]["observed_order"] == pytest.approx(2, abs=0.2)
+    assert rows["causal-simpson"]["observed_order"] == pytest.approx(4, abs=0.3)
+    assert rows["causal-gauss-legendre"]["n_reaching_1e-10"] <= 64
+    assert res["causal_reference_gap"] < 1e-12  # spectral vs Gregory-Richardson references
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ Two more pair terms ride on the same mechanism, in every core:
 - `score_bias` $b_{mkp}$, added to the score (ALiBi, T5-style relative bias, a discrete
   `[heads, tokens, tokens]` bias, or $-\infty$ to mask a pair);
 - `query_weights` $W_{kp}$, per-query quadrature weights (the partial-interval weights
-  of causal attention at quadrature order, see `itde.causal_weights`), so that
+  of causal attention at quadrature order, see `itde.volterra_weights`), so that
   $o_{mk} = \sum_p W_{kp} e^{s_{mkp}} v_{mp} / \sum_p W_{kp} e^{s_{mkp}}$.
   Non-negative weights enter as $\log W_{kp}$ (a zero weight excludes the pair) and work
   in all three cores; signed weights (`signed_weights=True`) multiply the exponentials

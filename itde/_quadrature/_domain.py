@@ -61,3 +61,10 @@ class AbstractTokenDomain(eqx.Module):
         if np.all(w == w[0]):
             return None
         return jnp.asarray(np.log(w), dtype=dtype)
+
+    def causal_weights(self, n_tokens: int | None = None):
+        r"""Per-query weights $W_{ip}$ for causal (Volterra) attention over
+        $[a, x_i]$, or `None` for the discrete causal sum: the token weights over the
+        nodes $x_p \le x_i$ (first order in the tokens). This default is `None`; 1-D
+        rules override it (see [`AbstractQuadrature.causal_weights`][itde.AbstractQuadrature])."""
+        return None

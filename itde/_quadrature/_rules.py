@@ -16,6 +16,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._domain import AbstractTokenDomain, check_weights
+from ._volterra import volterra_weights
 
 
 def _check_interval(name: str, interval) -> tuple[float, float] | None:
@@ -86,6 +87,17 @@ class AbstractQuadrature(AbstractTokenDomain):
     @abc.abstractmethod
     def _reference(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Nodes and weights on [0, 1] (each final rule defines them)."""
+
+    def causal_weights(self, n_tokens: int):
+        r"""The partial-interval (Volterra) weights for causal attention at `n_tokens`
+        nodes: `None` on the unit grid (every weight 1: the Transformer's masked sum, the
+        first-order member of the family), otherwise the rule's per-query weights for
+        $\int_a^{x_i}$, with their order, signs and causality stated in
+        [`volterra_weights`][itde.volterra_weights]."""
+        n = self._check_n(n_tokens)
+        if self.is_unit(n):
+            return None
+        return volterra_weights(self, n)
 
     def is_unit(self, n: int) -> bool:
         """True when every weight is exactly 1 (the standard Transformer's grid)."""
@@ -232,3 +244,8 @@ class Grid(eqx.Module):
         """$\\log w_p$ for the attention log-bias, or `None` for uniform weights (the
         token domain's convention: a constant log-bias cancels in the softmax)."""
         return self.tokens.token_log_weights(n_tokens, dtype)
+
+    def causal_weights(self, n_tokens: int):
+        """Per-query weights for causal attention (see
+        [`AbstractTokenDomain.causal_weights`][]), or `None` for the discrete causal sum."""
+        return self.tokens.causal_weights(n_tokens)
