@@ -9,8 +9,112 @@ operator-splitting step with $\\Delta t = 1$ exactly one post-LN Transformer blo
 # Lazy exports (PEP 562): `import itde` loads no JAX; a name is imported from its module the
 # first time it is used, so `itde --help` answers at once. One name per line: name -> module.
 import importlib as _importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the API docs
+    from ._abstract import (  # noqa: F401
+        AbstractEquation,
+    )
+    from ._config import (  # noqa: F401
+        ConfigError,
+    )
+    from ._controls import (  # noqa: F401
+        AbstractControls,
+        Block,
+        LegendreControls,
+        PiecewiseConstant,
+        stack,
+    )
+    from ._equation import (  # noqa: F401
+        TransformerIDE,
+    )
+    from ._operators._abstract import (  # noqa: F401
+        AbstractAttention,
+        AbstractFeedForward,
+        AbstractNorm,
+    )
+    from ._operators._attention import (  # noqa: F401
+        Attention,
+    )
+    from ._operators._bias import (  # noqa: F401
+        AbstractScoreBias,
+        ALiBi,
+        DiscreteBias,
+        T5RelativeBias,
+        alibi_slopes,
+        t5_bucket,
+    )
+    from ._operators._blocked import (  # noqa: F401
+        blocked_attention,
+        dense_attention,
+        fused_attention,
+    )
+    from ._operators._feedforward import (  # noqa: F401
+        FeedForward,
+        GatedFeedForward,
+    )
+    from ._operators._layernorm import (  # noqa: F401
+        LayerNormProjection,
+    )
+    from ._operators._rmsnorm import (  # noqa: F401
+        RMSNormProjection,
+    )
+    from ._operators._rope import (  # noqa: F401
+        Rope,
+    )
+    from ._quadrature._domain import (  # noqa: F401
+        AbstractTokenDomain,
+    )
+    from ._quadrature._grid2d import (  # noqa: F401
+        TensorGrid2D,
+    )
+    from ._quadrature._rules import (  # noqa: F401
+        RULES,
+        AbstractQuadrature,
+        GaussLegendre,
+        Grid,
+        Midpoint,
+        PeriodicTrapezoid,
+        Simpson,
+        Trapezoid,
+    )
+    from ._quadrature._volterra import (  # noqa: F401
+        AbstractVolterraWeights,
+        GregoryVolterra,
+        MidpointVolterra,
+        SpectralVolterra,
+        TrapezoidVolterra,
+        volterra_weights,
+    )
+    from ._registry import (  # noqa: F401
+        ACTIVATIONS,
+        ATTENTION_IMPLS,
+        BLOCK_FORMS,
+        FFN_FORMS,
+        SCHEMES,
+        TERMS_KINDS,
+        Scheme,
+    )
+    from ._solve import (  # noqa: F401
+        solve,
+    )
+    from .function import (  # noqa: F401
+        FourierBasis,
+        FunctionAttention,
+        FunctionBias,
+        FunctionBlock,
+        FunctionFeedForward,
+        FunctionField,
+        FunctionKernel,
+        LegendreBasis,
+    )
+    from .interop._torch import (  # noqa: F401
+        from_torch,
+        to_torch,
+    )
+
 
 _EXPORTS = {
     "ACTIVATIONS": "._registry",

@@ -24,6 +24,7 @@ from ._checks import check_bool, check_choice, check_int, check_key
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._abstract import AbstractNorm
 from ._operators._attention import check_heads
+from ._operators._bias import AbstractScoreBias, DiscreteBias
 from ._operators._feedforward import check_activation
 from ._operators._rope import Rope
 from ._quadrature._rules import AbstractQuadrature, Grid
@@ -140,6 +141,10 @@ class TransformerIDE(AbstractEquation):
     - `rope`: rotary position embedding ([`Rope`][itde.Rope]): queries and keys rotated by
       the token positions, the nodes of the grid's token rule (so it evaluates on any 1-D
       token grid).
+    - `score_bias`: a score bias $b_m(x, \tilde x)$ added to every head's score: a function
+      of the token positions ([`ALiBi`][itde.ALiBi], [`T5RelativeBias`][itde.T5RelativeBias])
+      sampled at the grid's token nodes at every evaluation, or a fixed
+      [`DiscreteBias`][itde.DiscreteBias] `[heads, N, N]` (one token count only).
     - `attention_impl`: `"dense"`, `"blocked"` (token blocks of `block_size`, memory
       linear in the number of tokens, same result to round-off) or `"fused"`
       (`jax.nn.dot_product_attention`; float32 softmax).
@@ -165,6 +170,7 @@ class TransformerIDE(AbstractEquation):
     batch_axis: int = eqx.field(static=True, default=0)
     block: str = eqx.field(static=True, default="post_norm")
     rope: Rope | None = None
+    score_bias: AbstractScoreBias | DiscreteBias | None = None
 
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
@@ -182,6 +188,19 @@ class TransformerIDE(AbstractEquation):
                 f"`ffn_form`={self.ffn_form!r} is a form of the post-norm block's feed-forward "
                 f"substep; a `block`={self.block!r} model needs ffn_form='residual'."
             )
+        if self.score_bias is not None:
+            if not isinstance(self.score_bias, (AbstractScoreBias, DiscreteBias)):
+                raise TypeError(
+                    "`score_bias` must be an itde.ALiBi, itde.T5RelativeBias, "
+                    f"itde.DiscreteBias or None, got {type(self.score_bias).__name__}."
+                )
+            if isinstance(self.score_bias, AbstractScoreBias) and not isinstance(
+                self.grid.tokens, AbstractQuadrature
+            ):
+                raise ValueError(
+                    "a position `score_bias` needs a 1-D token rule (e.g. Midpoint()); this "
+                    f"grid's token domain is {type(self.grid.tokens).__name__}."
+                )
         if self.rope is not None:
             if not isinstance(self.rope, Rope):
                 raise TypeError(f"`rope` must be an itde.Rope or None, got {self.rope!r}.")
@@ -313,6 +332,19 @@ class TransformerIDE(AbstractEquation):
         x, _ = self.grid.tokens.nodes_weights(u.shape[0])
         return self.rope.cos_sin(x, u.dtype)
 
+    def _score_bias(self, u):
+        b = self.score_bias
+        if b is None or isinstance(b, DiscreteBias):
+            if b is not None and b.matrix.shape[-1] != u.shape[0]:
+                raise ValueError(
+                    f"`score_bias` is a DiscreteBias for {b.matrix.shape[-1]} tokens, but the "
+                    f"state has {u.shape[0]}; use a position bias (ALiBi, T5RelativeBias) to "
+                    "run at any token count."
+                )
+            return b
+        x, _ = self.grid.tokens.nodes_weights(u.shape[0])
+        return b.on_nodes(x)
+
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t` ($A(N_1 u)$ for pre-norm and parallel
         blocks). `args` is the key mask (`[tokens]` booleans) or None."""
@@ -336,6 +368,7 @@ class TransformerIDE(AbstractEquation):
             block_size=self.block_size,
             key_mask=args,
             rotary=self._rotary(u),
+            score_bias=self._score_bias(u),
             **volterra,
         )
 

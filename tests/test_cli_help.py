@@ -54,6 +54,15 @@ def test_lazy_exports_are_the_same_objects_and_dir_lists_them():
     listing = dir(itde)
     assert set(itde.__all__) <= set(listing) and "train" in listing
     assert set(itde._EXPORTS) == set(itde.__all__)
+    # the TYPE_CHECKING block (what type checkers and the API docs read) names the same
+    # objects from the same modules as the lazy table
+    import ast
+
+    tree = ast.parse(open(itde.__file__).read())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n))
+    static = {(a.name, "." * imp.level + (imp.module or "")) for imp in block.body
+              for a in imp.names}  # fmt: skip
+    assert static == set(itde._EXPORTS.items())
     for name in itde.__all__:
         assert getattr(itde, name) is not None
     assert itde.train.TASKS  # subpackages load on use too

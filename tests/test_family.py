@@ -306,3 +306,24 @@ def test_mask_and_rope_agree_across_dense_blocked_and_fused_cores():
         np.testing.assert_allclose(run(impl, u), ref, rtol=0, atol=tol, err_msg=impl)
         g = jax.grad(lambda v, impl=impl: jnp.sum(jnp.sin(run(impl, v))))(u)
         np.testing.assert_allclose(g, g_ref, rtol=0, atol=10 * tol, err_msg=impl)
+
+
+def test_alibi_score_bias_in_the_model_equals_the_masked_sum_with_a_linear_penalty():
+    """`TransformerIDE(score_bias=ALiBi)`: the first layer's attention equals softmax(s -
+    slope |x - x~|) written out with the bias matrix, and dense == blocked for the model."""
+    m = itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, causal=True)
+    alibi = itde.ALiBi.init(2)
+    mb = dataclasses.replace(m, score_bias=alibi)
+    u = jax.random.normal(jax.random.key(5), (6, 8))
+    att = m.controls.layer(0).attention
+    nodes = jnp.arange(6) + 0.5
+    bias = -np.asarray(alibi.slopes)[:, None, None] * np.abs(
+        np.subtract.outer(np.asarray(nodes), np.asarray(nodes))
+    )[None]
+    ref = att(u, causal=True, score_bias=jnp.asarray(bias))
+    np.testing.assert_allclose(mb.attention_field(0.0, u), ref, rtol=0, atol=1e-13)
+    assert float(jnp.max(jnp.abs(ref - att(u, causal=True)))) > 1e-3  # the bias acts
+    blocked = dataclasses.replace(mb, attention_impl="blocked", block_size=4)
+    np.testing.assert_allclose(blocked.attention_field(0.0, u), ref, rtol=0, atol=1e-12)
+    with pytest.raises(TypeError, match="score_bias"):
+        dataclasses.replace(m, score_bias=np.zeros((2, 6, 6)))
