@@ -123,7 +123,8 @@ class TorchCharLM:
             u = self.embedding[x] + self.position[: x.shape[1]]
             h = self.encoder(u, mask=self.mask, is_causal=True)
             logits = (h @ self.readout + self.readout_bias).float()
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        flat = logits.reshape(-1, logits.shape[-1])
+        return torch.nn.functional.cross_entropy(flat, y.reshape(-1))
 
     def step(self, x, y, dtype: str):
         for p in self.parameters():
@@ -312,7 +313,8 @@ def _memory_analysis(compiled) -> dict | None:
 def _print(r: dict) -> None:
     s = r["shape"]
     print(f"charlm {s['layers']}x{s['heads']}x{s['width']}, context {s['context']}, batch "
-          f"{s['batch']} on {r['device']['kind']}; {r['flops_per_step'] / 1e9:.2f} GFLOP/step")  # fmt: skip
+          f"{s['batch']} on {r['device']['kind']}; "
+          f"{r['flops_per_step'] / 1e9:.2f} GFLOP/step")  # fmt: skip
     print(f"{'dtype':<10}{'impl':<9}{'compile s':>10}{'step ms':>10}{'tokens/s':>12}{'MFU':>8}"
           f"{'itde/torch':>12}{'loss - torch':>14}")  # fmt: skip
     for q in r["records"]:

@@ -26,7 +26,8 @@ TINY_FLOPS = 3 * 679936
 def _run(tmp_path, *args):
     out = tmp_path / "gpu.json"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH", "")])
+    path = [str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(path)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", "--repeats", "1", "--out", str(out), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
