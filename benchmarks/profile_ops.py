@@ -20,7 +20,7 @@ Python, dispatch, waits (negative when ops ran on both threads at once). The pro
 overhead of their own, so the per-class times are shares; the ratio of unprofiled wall times
 (interleaved medians) is the speed figure.
 
-    python benchmarks/profile.py [--workload forward|train|both --calls 20 --out runs/profile]
+    python benchmarks/profile_ops.py [--workload forward|train|both --calls 20 --out runs/profile]
 """
 
 from __future__ import annotations
