@@ -59,8 +59,10 @@ def _check(r, impls, dtypes):
 
 
 def test_gpu_script_tiny_runs_and_writes_its_json(tmp_path):
-    r = _run(tmp_path, "--impls", "dense", "--dtypes", "float32", "bfloat16")
-    _check(r, ["dense"], ["float32", "bfloat16"])
+    # one configuration by default (each costs a compile of the training pass); the float32
+    # one, where itde's loss must equal PyTorch's to round-off. Every one: the slow test.
+    r = _run(tmp_path, "--impls", "dense", "--dtypes", "float32")
+    _check(r, ["dense"], ["float32"])
 
 
 @pytest.mark.slow
