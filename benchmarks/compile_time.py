@@ -1,0 +1,187 @@
+"""Time to first result against the number of layers: itde against plain JAX's `lax.scan`.
+
+What a person waits for first is tracing + compilation + the first call. For 4, 12 and 24
+layers, the forward pass (`model.batch`, one depth solve over the batch) and a training
+step (`jax.value_and_grad` of a mean-square loss, then an Adam update), itde against a
+post-LN encoder written in plain JAX with `lax.scan` over the stacked layers (the
+abstraction-free way to keep compile time flat in depth). Each measurement runs in a fresh
+process (no cache shared between them), in interleaved order, `--rounds` times; the table
+gives the medians and the ratio itde / plain JAX per row, of wall time and of the process's
+CPU time (steadier on a shared machine), and the compiled program's size in HLO lines (the
+same for every depth when nothing is unrolled). `trace_s` is `jit(...).lower`,
+`compile_s` is `.compile()`, `first_call_s` the first call of the compiled function.
+
+    python benchmarks/compile_time.py [--layers 4 12 24 --rounds 3 --out runs/compile_time]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPE = dict(batch=8, tokens=32, width=64, heads=4, hidden=128)
+
+
+def _plain_encoder(params, x, n_heads, eps=1e-5):
+    """Post-LN encoder over stacked layers with `lax.scan` (batch-first)."""
+    import jax
+    import jax.numpy as jnp
+
+    B, N, d = x.shape
+    dh = d // n_heads
+
+    def ln(x, g, b):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(v + eps) * g + b
+
+    def layer(x, p):
+        q, k, v = (
+            (x @ p[w] + p[b]).reshape(B, N, n_heads, dh)
+            for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
+        )
+        s = jnp.einsum("bnhe,bmhe->bhnm", q, k) / math.sqrt(dh)
+        o = jnp.einsum("bhnm,bmhe->bnhe", jax.nn.softmax(s, -1), v).reshape(B, N, d)
+        x = ln(x + o @ p["wo"] + p["bo"], p["g1"], p["c1"])
+        h = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+        return ln(x + h, p["g2"], p["c2"]), None
+
+    return jax.lax.scan(layer, x, params)[0]
+
+
+def _plain_params(key, L, s):
+    import jax
+    import jax.numpy as jnp
+
+    d, f = s["width"], s["hidden"]
+    shapes = dict(wq=(d, d), wk=(d, d), wv=(d, d), wo=(d, d), w1=(d, f), w2=(f, d),
+                  bq=(d,), bk=(d,), bv=(d,), bo=(d,), b1=(f,), b2=(d,),
+                  g1=(d,), c1=(d,), g2=(d,), c2=(d,))  # fmt: skip
+    keys = jax.random.split(key, len(shapes))
+    return {
+        n: (jnp.ones if n[0] == "g" else lambda sh: 0.05 * jax.random.normal(k, sh))((L, *sh))
+        for (n, sh), k in zip(shapes.items(), keys)
+    }
+
+
+def measure(impl: str, kind: str, L: int) -> dict:
+    """One measurement, in this (fresh) process."""
+    t_import = time.perf_counter()
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import itde
+
+    s = SHAPE
+    x = jax.random.normal(jax.random.key(1), (s["batch"], s["tokens"], s["width"]))
+    if impl == "itde":
+        model = itde.TransformerIDE.init(
+            jax.random.key(0), n_layers=L, n_features=s["width"], n_heads=s["heads"],
+            n_hidden=s["hidden"],
+        )  # fmt: skip
+        params, static = eqx.partition(model, eqx.is_array)
+
+        def forward(p, x):
+            return eqx.combine(p, static).batch(x)
+    else:
+        params = _plain_params(jax.random.key(0), L, s)
+
+        def forward(p, x):
+            return _plain_encoder(p, x, s["heads"])
+
+    opt = optax.adam(1e-3)
+    if kind == "forward":
+        fn, args = jax.jit(forward), (params, x)
+    else:
+
+        def step(p, o, x):
+            loss, g = jax.value_and_grad(lambda p: jnp.mean((forward(p, x) - x) ** 2))(p)
+            u, o = opt.update(g, o, p)
+            return optax.apply_updates(p, u), o, loss
+
+        fn, args = jax.jit(step), (params, opt.init(params), x)
+    jax.block_until_ready(args)
+    t_import = time.perf_counter() - t_import
+    c0, t0 = time.process_time(), time.perf_counter()
+    lowered = fn.lower(*args)
+    c1, t1 = time.process_time(), time.perf_counter()
+    compiled = lowered.compile()
+    c2, t2 = time.process_time(), time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    c3, t3 = time.process_time(), time.perf_counter()
+    hlo_lines = len(compiled.as_text().splitlines())
+    return {"trace_s": t1 - t0, "compile_s": t2 - t1, "first_call_s": t3 - t2,
+            "first_result_s": t3 - t0, "trace_cpu_s": c1 - c0, "compile_cpu_s": c2 - c1,
+            "first_result_cpu_s": c3 - c0, "hlo_lines": hlo_lines,
+            "setup_s": t_import}  # fmt: skip
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--layers", type=int, nargs="+", default=[4, 12, 24])
+    ap.add_argument("--kinds", nargs="+", default=["forward", "train_step"],
+                    choices=["forward", "train_step"])  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="runs/compile_time")
+    ap.add_argument("--one", nargs=3, metavar=("IMPL", "KIND", "LAYERS"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.one:
+        print(json.dumps(measure(a.one[0], a.one[1], int(a.one[2]))))
+        return
+    results: dict[str, list[dict]] = {}
+    for r in range(a.rounds):
+        for kind in a.kinds:
+            for L in a.layers:
+                for impl in ("plain_jax", "itde"):
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--one", impl, kind, str(L)],
+                        capture_output=True, text=True, check=True,
+                    ).stdout  # fmt: skip
+                    m = json.loads(out.strip().splitlines()[-1])
+                    results.setdefault(f"{impl}/{kind}/{L}", []).append(m)
+                    print(f"round {r} {impl:>9} {kind:>10} L={L:>2}: first result "
+                          f"{m['first_result_s']:.2f} s", flush=True)  # fmt: skip
+    med = {
+        k: {q: statistics.median(m[q] for m in v) for q in v[0]} for k, v in results.items()
+    }
+    rows = []
+    hdr = (f"{'kind':<11}{'layers':>7}{'plain trace':>12}{'plain compile':>14}"
+           f"{'plain first':>12}{'itde trace':>11}{'itde compile':>13}{'itde first':>11}"
+           f"{'itde/plain':>11}{'(CPU time)':>11}{'HLO lines p/i':>15}")  # fmt: skip
+    print(hdr)
+    for kind in a.kinds:
+        for L in a.layers:
+            p, i = med[f"plain_jax/{kind}/{L}"], med[f"itde/{kind}/{L}"]
+            ratio = statistics.median(
+                x["first_result_s"] / y["first_result_s"]
+                for x, y in zip(results[f"itde/{kind}/{L}"], results[f"plain_jax/{kind}/{L}"])
+            )
+            ratio_cpu = statistics.median(
+                x["first_result_cpu_s"] / y["first_result_cpu_s"]
+                for x, y in zip(results[f"itde/{kind}/{L}"], results[f"plain_jax/{kind}/{L}"])
+            )
+            rows.append({"kind": kind, "layers": L, "plain_jax": p, "itde": i,
+                         "ratio_itde_over_plain_first_result": ratio,
+                         "ratio_itde_over_plain_first_result_cpu": ratio_cpu})  # fmt: skip
+            print(f"{kind:<11}{L:>7}{p['trace_s']:>12.2f}{p['compile_s']:>14.2f}"
+                  f"{p['first_result_s']:>12.2f}{i['trace_s']:>11.2f}{i['compile_s']:>13.2f}"
+                  f"{i['first_result_s']:>11.2f}{ratio:>11.2f}{ratio_cpu:>11.2f}"
+                  f"{int(p['hlo_lines']):>8}/{int(i['hlo_lines'])}")  # fmt: skip
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compile_time.json").write_text(
+        json.dumps({"shape": SHAPE, "rounds": a.rounds, "rows": rows, "raw": results}, indent=2)
+    )
+    print(f"wrote {out / 'compile_time.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The accelerator benchmark script runs (on CPU, `--tiny`) and writes the JSON it promises.
+
+No timing is asserted: only that the script runs, that its records are complete and
+finite, that its model FLOPs match a count made by hand, and that itde and PyTorch (the
+same weights and batch) give the same loss."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu.py"
+
+# charlm --tiny: batch 4, context 16, width 16, hidden 32, 2 layers, vocabulary 12, counted
+# by hand: per token 2 * (4 * 16**2 + 2 * 16 * 32) + 16 * 12 = 4288 multiply-adds;
+# attention 2 layers * 2 * 16**2 * 16 = 16384 per sequence; forward = 2 * (4 * 16 * 4288
+# + 4 * 16384) = 679936 FLOPs; forward + backward = 3x.
+TINY_FLOPS = 3 * 679936
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ)
+    path = [str(ROOT), str(ROOT / "solvers"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--repeats", "1", "--out", str(out), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _check(r, impls, dtypes):
+    assert r["tiny"] is True
+    assert r["shape"] == {"layers": 2, "heads": 2, "width": 16, "hidden": 32, "context": 16,
+                          "vocab": 12, "batch": 4}  # fmt: skip
+    assert r["flops_per_step"] == TINY_FLOPS
+    assert [(q["dtype"], q["impl"]) for q in r["records"]] == [
+        (d, i) for d in dtypes for i in impls
+    ]
+    for q in r["records"]:
+        for key in ("compile_s", "step_s", "tokens_per_s", "torch_step_s",
+                    "ratio_itde_over_torch"):  # fmt: skip
+            assert math.isfinite(q[key]) and q[key] > 0, (key, q)
+        assert q["tokens_per_s"] == pytest.approx(4 * 16 / q["step_s"])
+        assert q["ratio_itde_over_torch"] == pytest.approx(q["step_s"] / q["torch_step_s"])
+        # the same model, weights and batch in both frameworks
+        tol = 1e-5 if q["dtype"] == "float32" else 2e-2
+        assert q["loss"] == pytest.approx(q["loss_torch"], rel=tol)
+        assert q["loss"] == pytest.approx(math.log(12), rel=0.5)  # a random model's loss
+        assert q["memory"]["xla"]["temp_size_in_bytes"] > 0
+    assert r["peak_memory"]["host_rss_bytes"] > 0
+
+
+def test_gpu_script_tiny_runs_and_writes_its_json(tmp_path):
+    # one configuration by default (each costs a compile of the training pass); the float32
+    # one, where itde's loss must equal PyTorch's to round-off. Every one: the slow test.
+    r = _run(tmp_path, "--impls", "dense", "--dtypes", "float32")
+    _check(r, ["dense"], ["float32"])
+
+
+@pytest.mark.slow
+def test_gpu_script_tiny_every_configuration(tmp_path):
+    r = _run(tmp_path)
+    _check(r, ["dense", "blocked", "fused"], ["float32", "bfloat16"])
