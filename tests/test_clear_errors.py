@@ -118,6 +118,7 @@ def test_cli_paths_of_the_wrong_kind(tmp_path, capsys):
         assert rc == 2 and "is an existing file, not a directory" in err
 
 
+@pytest.mark.slow  # the default-suite budget; same property at small size: see note
 def test_converge_reference_out_of_steps_names_the_key(tmp_path, capsys):
     cfg = tmp_path / "short.toml"
     cfg.write_text(

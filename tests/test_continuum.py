@@ -147,6 +147,7 @@ def _loss_fn(adjoint, scheme="rk4", dt=0.25):
     return loss
 
 
+@pytest.mark.slow  # the default-suite budget; same property at small size: see note
 def test_adjoints_agree_and_match_finite_differences(problem):
     model, u0, _ = problem
     params, static = eqx.partition(model, eqx.is_inexact_array)

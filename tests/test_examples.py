@@ -94,6 +94,7 @@ def test_splitting_blocks_table(gallery, tmp_path, capsys):
     assert rows["strang"]["params"] == rows["rk4"]["params"]
 
 
+@pytest.mark.slow  # the default-suite budget; same property at small size: see note
 def test_resolution_transfer_table(gallery, tmp_path, capsys):
     mod = gallery("resolution_transfer")
     data = _run(mod, "resolution_transfer", tmp_path, capsys)

@@ -147,6 +147,7 @@ def _study(axis, rules, nodes, reference_nodes):
     return run_grid_study(dataclasses.replace(cfg, study=study), axis, progress=False)
 
 
+@pytest.mark.slow  # the default-suite budget; same property at small size: see note
 def test_token_axis_midpoint_order():
     """The default-run representative of the resolution studies: a few coarse grids."""
     res = _study("tokens", ("midpoint",), (8, 16, 32), 40)

@@ -176,6 +176,7 @@ def test_backward_in_time(sphere):
     assert _sphere_distance(sol.ys) < 1e-12
 
 
+@pytest.mark.slow  # the default-suite budget; same property at small size: see note
 def test_gradient_matches_finite_differences(sphere):
     terms, y0, _ = sphere
     weights = jnp.array([1.0, 2.0, 3.0])
