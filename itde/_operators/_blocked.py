@@ -71,7 +71,14 @@ def dense_attention(
         s = s + token_log_weights.astype(s.dtype)[None, None, :]
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((n, n), dtype=bool)), s, -jnp.inf)
-    return jnp.einsum("hnm,hme->hne", jax.nn.softmax(s, axis=-1), v)
+    # softmax that gives 0, not NaN, to a row with no admissible key (every score -inf:
+    # a padded query before every real token under `causal`), as the blocked form does;
+    # a NaN row would reach the real tokens through the next layer's values (0 * NaN).
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = e / jnp.where(total > 0, total, 1.0)
+    return jnp.einsum("hnm,hme->hne", p, v)
 
 
 def blocked_attention(
