@@ -49,6 +49,7 @@ from .function import (
     FunctionKernel,
     LegendreBasis,
 )
+from .interop._hf import HFTransformer, from_hf
 from .interop._torch import from_torch, to_torch
 
 __version__ = "0.1.0"
@@ -102,4 +103,6 @@ __all__ = [
     "GatedFeedForward",
     "RMSNormProjection",
     "Rope",
+    "HFTransformer",
+    "from_hf",
 ]
