@@ -158,24 +158,27 @@ class HFTransformer(eqx.Module):
           None: every token is real.
         - `token_type_ids`: `[tokens]` segment ids (BERT, RoBERTa); None: type 0.
         """
-        u0 = self.embed(input_ids, token_type_ids)
+        n = np.shape(input_ids)[0] if np.ndim(input_ids) == 1 else None
         mask = None
-        if attention_mask is not None:
-            mask = key_mask(attention_mask, u0.shape[0], "attention_mask")
+        if attention_mask is not None and n is not None:
+            mask = key_mask(attention_mask, n, "attention_mask")
             if mask.ndim != 1:
                 raise ValueError(
                     f"`attention_mask` must be [tokens] for one sequence, got shape {mask.shape}; "
                     "for a batch use jax.vmap(m)(input_ids, attention_mask)."
                 )
-        return self.equation(u0, mask)
+        return self.equation(self.embed(input_ids, token_type_ids), mask)
 
 
 def _ids(name: str, ids, n_rows: int):
+    """Token ids `[tokens]`, checked against the embedding table (with NumPy when the ids are
+    concrete, with `eqx.error_if` under `jax.jit`)."""
     if type(ids).__module__.startswith("torch"):
         raise TypeError(
             f"`{name}` is a torch tensor; convert it first: `jnp.asarray({name}.numpy())`."
         )
-    ids = jnp.asarray(ids)
+    traced = isinstance(ids, jax.core.Tracer)
+    ids = ids if traced else np.asarray(ids)
     if ids.ndim != 1:
         raise ValueError(
             f"`{name}` must be one sequence [tokens], got shape {ids.shape}; for a batch use "
@@ -183,15 +186,16 @@ def _ids(name: str, ids, n_rows: int):
         )
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
+    if traced:
+        bad = (ids < 0) | (ids >= n_rows)
+        return eqx.error_if(ids, jnp.any(bad), f"`{name}` holds ids outside [0, {n_rows}).")
     bad = (ids < 0) | (ids >= n_rows)
-    if isinstance(ids, jax.core.Tracer):
-        ids = eqx.error_if(ids, jnp.any(bad), f"`{name}` holds ids outside [0, {n_rows}).")
-    elif bool(jnp.any(bad)):
+    if bad.any():
         raise ValueError(
             f"`{name}` holds ids outside [0, {n_rows}) (the embedding table's rows), e.g. "
-            f"{int(ids[jnp.argmax(bad)])}."
+            f"{int(ids[np.argmax(bad)])}."
         )
-    return ids
+    return jnp.asarray(ids)
 
 
 # ------------------------------------------------------------------------ weight glue
