@@ -3,7 +3,8 @@ directly in plain JAX, and against PyTorch (Hugging Face's `GPT2Model` itself).
 
 One Hugging Face `GPT2Model` with random weights (float32) is the source of all three:
 
-- **itde**: `m = itde.from_hf(model)`, batched with `jax.vmap(m)`;
+- **itde**: `m = itde.from_hf(model)`, batched with `jax.vmap(m)` ("itde") and as one solve
+  over the batch, `m.equation.batch(jax.vmap(m.embed)(ids))` ("itde_batch");
 - **plain JAX**: GPT-2's forward written out with `jnp` on the same weights, its layers in
   a Python loop (unrolled by tracing) and, as a second baseline, in a `jax.lax.scan` over
   stacked layer weights (the structure of itde's depth solve);
@@ -147,12 +148,16 @@ def main(argv=None):
     def plain(scan):
         return lambda p, i: jax.vmap(lambda s: gpt2_plain(p, s, heads=heads, eps=eps, scan=scan))(i)
 
+    def batched(m, i):  # one solve over the batch (TransformerIDE.batch), not vmap of solves
+        return m.equation.batch(jax.vmap(m.embed)(i))
+
     fwd = {
         "itde": jax.jit(lambda m, i: jax.vmap(m)(i)),
+        "itde_batch": jax.jit(batched),
         "jax_loop": jax.jit(plain(False)),
         "jax_scan": jax.jit(plain(True)),
     }
-    first = {"itde": m, "jax_loop": params, "jax_scan": params}
+    first = {"itde": m, "itde_batch": m, "jax_loop": params, "jax_scan": params}
 
     # every contender computes the same hidden states
     model.eval()
@@ -169,6 +174,7 @@ def main(argv=None):
     opt = optax.adam(1e-4)
     steps = {
         "itde": jax_step(lambda m, i: jax.vmap(m)(i), lambda m: m.word_embeddings, opt),
+        "itde_batch": jax_step(batched, lambda m: m.word_embeddings, opt),
         "jax_loop": jax_step(plain(False), lambda p: p["wte"], opt),
         "jax_scan": jax_step(plain(True), lambda p: p["wte"], opt),
     }
@@ -218,11 +224,11 @@ def main(argv=None):
                 times[phase][name].append(median_time(fn, args.repeats))
     ratios = {}
     for phase, t in times.items():
-        base = t["itde"]
-        for other in ("jax_loop", "jax_scan", "torch"):
-            ratios[f"{phase}: itde / {other}"] = statistics.median(
-                a / b for a, b in zip(base, t[other])
-            )
+        for mine in ("itde", "itde_batch"):
+            for other in ("jax_loop", "jax_scan", "torch"):
+                ratios[f"{phase}: {mine} / {other}"] = statistics.median(
+                    a / b for a, b in zip(t[mine], t[other])
+                )
     result = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "median_seconds": {
