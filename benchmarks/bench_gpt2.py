@@ -4,7 +4,7 @@ directly in plain JAX, and against PyTorch (Hugging Face's `GPT2Model` itself).
 One Hugging Face `GPT2Model` with random weights (float32) is the source of all three:
 
 - **itde**: `m = itde.from_hf(model)`, batched with `jax.vmap(m)` ("itde") and as one solve
-  over the batch, `m.equation.batch(jax.vmap(m.embed)(ids))` ("itde_batch");
+  over the batch, `m.batch(ids)` ("itde_batch");
 - **plain JAX**: GPT-2's forward written out with `jnp` on the same weights, its layers in
   a Python loop (unrolled by tracing) and, as a second baseline, in a `jax.lax.scan` over
   stacked layer weights (the structure of itde's depth solve);
@@ -148,12 +148,9 @@ def main(argv=None):
     def plain(scan):
         return lambda p, i: jax.vmap(lambda s: gpt2_plain(p, s, heads=heads, eps=eps, scan=scan))(i)
 
-    def batched(m, i):  # one solve over the batch (TransformerIDE.batch), not vmap of solves
-        return m.equation.batch(jax.vmap(m.embed)(i))
-
     fwd = {
         "itde": jax.jit(lambda m, i: jax.vmap(m)(i)),
-        "itde_batch": jax.jit(batched),
+        "itde_batch": jax.jit(lambda m, i: m.batch(i)),
         "jax_loop": jax.jit(plain(False)),
         "jax_scan": jax.jit(plain(True)),
     }
@@ -174,7 +171,7 @@ def main(argv=None):
     opt = optax.adam(1e-4)
     steps = {
         "itde": jax_step(lambda m, i: jax.vmap(m)(i), lambda m: m.word_embeddings, opt),
-        "itde_batch": jax_step(batched, lambda m: m.word_embeddings, opt),
+        "itde_batch": jax_step(lambda m, i: m.batch(i), lambda m: m.word_embeddings, opt),
         "jax_loop": jax_step(plain(False), lambda p: p["wte"], opt),
         "jax_scan": jax_step(plain(True), lambda p: p["wte"], opt),
     }

@@ -115,6 +115,16 @@ def test_jit_serves_every_mask_with_one_compilation():
     _check("gpt2", torch.float32)
 
 
+def test_batch_is_vmap():
+    """`m.batch` (one solve over the batch) equals `jax.vmap(m)` (a solve per sequence)."""
+    m = itde.from_hf(_model("distilbert", torch.float64))
+    ids, masks = jnp.asarray(_ids("distilbert")), jnp.asarray(MASKS)
+    one = jax.jit(lambda m, i, k: m.batch(i, k))(m, ids, masks)
+    each = jax.jit(lambda m, i, k: jax.vmap(m)(i, k))(m, ids, masks)
+    assert one.shape == (len(MASKS), N, 8)
+    np.testing.assert_allclose(np.asarray(one), np.asarray(each), rtol=0, atol=1e-12)
+
+
 @pytest.mark.slow
 def test_float32_llama():
     """Llama in float32, Hugging Face's code unpatched (its float32 RoPE and RMSNorm)."""
