@@ -110,6 +110,10 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         FunctionKernel,
         LegendreBasis,
     )
+    from .interop._hf import (  # noqa: F401
+        HFTransformer,
+        from_hf,
+    )
     from .interop._torch import (  # noqa: F401
         from_torch,
         to_torch,
@@ -165,6 +169,8 @@ _EXPORTS = {
     "GatedFeedForward": "._operators._feedforward",
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
+    "HFTransformer": ".interop._hf",
+    "from_hf": ".interop._hf",
     "AbstractScoreBias": "._operators._bias",
     "ALiBi": "._operators._bias",
     "DiscreteBias": "._operators._bias",
@@ -246,6 +252,8 @@ __all__ = [
     "GatedFeedForward",
     "RMSNormProjection",
     "Rope",
+    "HFTransformer",
+    "from_hf",
     "AbstractScoreBias",
     "ALiBi",
     "DiscreteBias",
