@@ -69,7 +69,10 @@ def test_discrete_models_cannot_change_grid():
         m.on_grid(itde.Grid.unit(16))
 
 
-@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
+# blocked == dense stays in the default run at operator level (test_blocked_attention) and
+# for a whole masked model (test_family); the model-level study grid case is -m slow
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
 def test_blocked_model_equals_dense_model(causal):
     import torch
     torch.manual_seed(0)

@@ -97,7 +97,10 @@ def _biases(n, h):
     }
 
 
-@pytest.mark.parametrize("kind", ["alibi", pytest.param("t5", marks=pytest.mark.slow), "discrete"])
+# the default run keeps the discrete bias in every core (the same code path as a sampled
+# position bias; ALiBi in the model is in test_family); ALiBi and T5 here with -m slow
+@pytest.mark.parametrize("kind", [pytest.param("alibi", marks=pytest.mark.slow),
+                                  pytest.param("t5", marks=pytest.mark.slow), "discrete"])
 def test_biases_equal_in_every_core_forward_and_gradient(kind):
     n, h = 11, 4
     q, k, v = _qkv(n, h)
