@@ -42,6 +42,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_time  # benchmarks/_timing.py, shared by the benchmark scripts
 
 import itde
 from itde.train import TokenModel
@@ -142,15 +143,6 @@ class TorchCharLM:
             self.torch.cuda.synchronize()
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _rss_peak_bytes() -> int:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r) * (1 if platform.system() == "Darwin" else 1024)
@@ -249,9 +241,9 @@ def main(argv=None) -> dict:
 
         for _ in range(a.rounds):
             for impl, (f, times) in steps.items():
-                times.append(_median_time(f, a.repeats))
+                times.append(median_time(f, a.repeats))
             if net is not None:
-                torch_times.append(_median_time(torch_once, a.repeats))
+                torch_times.append(median_time(torch_once, a.repeats))
         t_torch = statistics.median(torch_times) if torch_times else None
         torch_mem = None
         if net is not None and net.device.startswith("cuda"):
