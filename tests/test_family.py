@@ -35,7 +35,7 @@ def _torch_encoder(norm_first, n_layers=2, d=8, h=2, ff=16, final=True, act="gel
 
 
 # ------------------------------------------------------------------ pre-norm (exact)
-@pytest.mark.parametrize("final", [True, False])
+@pytest.mark.parametrize("final", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_pre_ln_encoder_equals_torch_with_padding_and_round_trip(final):
     enc = _torch_encoder(norm_first=True, final=final)
     x = torch.randn(2, 6, 8, dtype=torch.float64)
@@ -258,10 +258,12 @@ def test_bad_masks_and_options_are_named():
 
 
 # ------------------------------------------------------------------ the continuum
-def test_pre_norm_continuum_orders():
-    """Smooth pre-norm controls: the ODE u_t = A(N1 u) + F(N2 u) has no constraint, and the
-    observed orders of Lie (1), Strang (2), Heun (2) and RK4 (4) are the schemes' own, against
-    a Dopri8 reference at tight tolerance."""
+PRE_NORM_ORDERS = [("lie", 1), ("rk4", 4), pytest.param(("strang", 2), marks=pytest.mark.slow),
+                   pytest.param(("heun", 2), marks=pytest.mark.slow)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pre_norm_problem():
     ctrl = itde.LegendreControls.init(
         KEY, n_modes=3, n_features=8, n_heads=2, n_hidden=16, activation="gelu", norm="rms",
         gated=True, bias=False,
@@ -272,20 +274,33 @@ def test_pre_norm_continuum_orders():
         m, u0, solver=diffrax.Dopri8(), terms="tangent", dt0=0.05,
         stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12),
     ).ys[-1]  # fmt: skip
-    for name, expected in (("lie", 1), ("strang", 2), ("heun", 2), ("rk4", 4)):
-        sc = itde.SCHEMES[name]
+    return m, u0, ref
 
-        @jax.jit
-        def final(dt, sc=sc):  # one compilation per scheme, the step is data
-            return itde.solve(
-                m, u0, solver=sc.make(), terms=sc.terms, dt0=dt, max_steps=20,
-                stepsize_controller=diffrax.ConstantStepSize(),
-            ).ys[-1]  # fmt: skip
 
-        errs = [float(jnp.max(jnp.abs(final(jnp.asarray(1 / n)) - ref))) for n in (8, 16)]
-        order = np.log2(errs[0] / errs[1])
-        assert abs(order - expected) < 0.3, (name, errs, order)
-    # no constraint: a plain diffrax solver integrates it directly, as the projected one
+@pytest.mark.parametrize("case", PRE_NORM_ORDERS)
+def test_pre_norm_continuum_orders(case, pre_norm_problem):
+    """Smooth pre-norm controls: the ODE u_t = A(N1 u) + F(N2 u) has no constraint, and the
+    observed orders of Lie (1), Strang (2), Heun (2) and RK4 (4) are the schemes' own, against
+    a Dopri8 reference at tight tolerance."""
+    m, u0, ref = pre_norm_problem
+    name, expected = case
+    sc = itde.SCHEMES[name]
+
+    @jax.jit
+    def final(dt):  # one compilation per scheme, the step is data
+        return itde.solve(
+            m, u0, solver=sc.make(), terms=sc.terms, dt0=dt, max_steps=20,
+            stepsize_controller=diffrax.ConstantStepSize(),
+        ).ys[-1]  # fmt: skip
+
+    errs = [float(jnp.max(jnp.abs(final(jnp.asarray(1 / n)) - ref))) for n in (8, 16)]
+    order = np.log2(errs[0] / errs[1])
+    assert abs(order - expected) < 0.3, (name, errs, order)
+
+
+def test_pre_norm_needs_no_projection(pre_norm_problem):
+    """No constraint: a plain diffrax solver integrates it, as the projected one does."""
+    m, u0, _ = pre_norm_problem
     plain = itde.solve(m, u0, solver=diffrax.Heun(), dt0=1 / 8).ys[-1]
     proj = itde.solve(m, u0, solver=itde_solvers.Projected(diffrax.Heun()), dt0=1 / 8).ys[-1]
     np.testing.assert_allclose(plain, proj, rtol=0, atol=1e-14)
