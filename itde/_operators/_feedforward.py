@@ -24,6 +24,13 @@ ACTIVATIONS: dict[str, object] = {
 }
 
 
+def _linear(x, w, b):
+    """`x @ w` (in mixed precision as `contract`) plus an optional bias, in `x`'s dtype: one
+    integral operator over the feature or hidden nodes, with its bias."""
+    out = contract("nd,dh->nh", x, w)
+    return out if b is None else out + b.astype(x.dtype)
+
+
 def check_activation(activation: str) -> str:
     if activation not in ACTIVATIONS:
         raise ValueError(
@@ -94,15 +101,9 @@ class FeedForward(AbstractFeedForward):
         feature_weights: np.ndarray | None = None,
         hidden_weights: np.ndarray | None = None,
     ) -> Float[Array, "tokens features"]:
-        dtype = u.dtype
         act = ACTIVATIONS[self.activation]
-        h = contract("nd,dh->nh", _weighted(u, feature_weights), self.w1)
-        if self.b1 is not None:
-            h = h + self.b1.astype(dtype)
-        out = contract("nh,hd->nd", _weighted(act(h), hidden_weights), self.w2)  # type: ignore[operator]
-        if self.b2 is not None:
-            out = out + self.b2.astype(dtype)
-        return out
+        h = _linear(_weighted(u, feature_weights), self.w1, self.b1)
+        return _linear(_weighted(act(h), hidden_weights), self.w2, self.b2)  # type: ignore[operator]
 
 
 class GatedFeedForward(AbstractFeedForward):
@@ -177,17 +178,7 @@ class GatedFeedForward(AbstractFeedForward):
         feature_weights: np.ndarray | None = None,
         hidden_weights: np.ndarray | None = None,
     ) -> Float[Array, "tokens features"]:
-        dtype = u.dtype
         act = ACTIVATIONS[self.activation]
         uw = _weighted(u, feature_weights)
-        g = contract("nd,dh->nh", uw, self.w_gate)
-        h = contract("nd,dh->nh", uw, self.w1)
-        if self.b_gate is not None:
-            g = g + self.b_gate.astype(dtype)
-        if self.b1 is not None:
-            h = h + self.b1.astype(dtype)
-        z = act(g) * h  # type: ignore[operator]
-        out = contract("nh,hd->nd", _weighted(z, hidden_weights), self.w2)
-        if self.b2 is not None:
-            out = out + self.b2.astype(dtype)
-        return out
+        z = act(_linear(uw, self.w_gate, self.b_gate)) * _linear(uw, self.w1, self.b1)  # type: ignore[operator]
+        return _linear(_weighted(z, hidden_weights), self.w2, self.b2)
