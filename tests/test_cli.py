@@ -202,6 +202,9 @@ def test_converge_config_errors(tmp_path):
     cfg.write_text("[study]\nsteps = [8, 4]\n")
     with pytest.raises(_config.ConfigError, match=r"strictly increasing"):
         _config.load(_config.ConvergeExperiment, cfg)
+    cfg.write_text('[study]\npre_norm_schemes = ["rk5"]\n')
+    with pytest.raises(_config.ConfigError, match=r"`study.pre_norm_schemes` holds 'rk5'"):
+        _config.load(_config.ConvergeExperiment, cfg)
 
 
 def test_shipped_convergence_config_is_the_default():
