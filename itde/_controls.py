@@ -275,7 +275,11 @@ class PiecewiseConstant(AbstractControls):
 
     def __call__(self, t, side: str = "right") -> Block:
         i = self.index(t, side)
-        return jax.tree.map(lambda a: a[i], self.values)
+        # lax's own dynamic index: `a[i]` goes through jnp's indexing rewrite, which costs
+        # milliseconds of tracing per leaf and per evaluation
+        return jax.tree.map(
+            lambda a: jax.lax.dynamic_index_in_dim(a, i, axis=0, keepdims=False), self.values
+        )
 
     def layer(self, n: int) -> Block:
         """The controls of layer `n` (0-based)."""
