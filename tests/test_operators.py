@@ -165,3 +165,17 @@ class TestOperatorsUnderJitAndEager(chex.TestCase):
         expected = np.maximum(np.asarray(u) @ w1 + b1, 0) @ w2 + b2  # P_S2 = max(., 0)
         got = self.variant(lambda u: ff(u))(u)
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_flat_random_draws_equal_shaped_ones(dtype):
+    """Initialisers draw flat and reshape (one cheap compile per size instead of an
+    expensive one per shape); the parameters must be exactly those of the shaped draw."""
+    from itde._random import normal, uniform
+
+    key = jax.random.key(3)
+    for shape in [(7,), (4, 5), (3, 4, 6), (2, 3, 4, 5)]:
+        np.testing.assert_array_equal(
+            uniform(key, shape, dtype, -0.3, 0.7), jax.random.uniform(key, shape, dtype, -0.3, 0.7)
+        )
+        np.testing.assert_array_equal(normal(key, shape, dtype), jax.random.normal(key, shape, dtype))

@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._checks import check_int
+from .._random import uniform
 from ._abstract import AbstractAttention
 from ._blocked import blocked_attention, dense_attention, fused_attention
 from ._precision import contract
@@ -156,7 +157,7 @@ class Attention(AbstractAttention):
         dtype = dtype or jnp.zeros(()).dtype
         kq, kk, kv, ko = jax.random.split(key, 4)
         lim = math.sqrt(6.0 / (d + 3 * h * dh))  # xavier on the packed [3 h dh, d] in_proj
-        u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
+        u = lambda k, s, a: uniform(k, s, dtype, -a, a)  # noqa: E731
         zeros = (lambda s: jnp.zeros(s, dtype)) if bias else (lambda s: None)
         return cls(
             wq=u(kq, (h, d, dh), lim),

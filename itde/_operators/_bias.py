@@ -17,10 +17,11 @@ import abc
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._random import normal
 
 
 def _check_positive_int(name, value):
@@ -184,7 +185,7 @@ class T5RelativeBias(AbstractScoreBias):
         """A random (normal, standard deviation `scale`) bias table."""
         n_heads = _check_positive_int("n_heads", n_heads)
         n_buckets = _check_positive_int("n_buckets", n_buckets)
-        emb = scale * jax.random.normal(key, (n_buckets, n_heads), dtype or jnp.float32)
+        emb = scale * normal(key, (n_buckets, n_heads), dtype or jnp.float32)
         return cls(emb, bidirectional, max_distance, spacing)
 
     @property

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._random import uniform
 from ._abstract import AbstractFeedForward
 from ._attention import _check_width, _weighted
 from ._precision import contract
@@ -85,7 +86,7 @@ class FeedForward(AbstractFeedForward):
         dtype = dtype or jnp.zeros(()).dtype
         k1, k2, k3, k4 = jax.random.split(key, 4)
         a1, a2 = 1 / math.sqrt(n_features), 1 / math.sqrt(n_hidden)
-        u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
+        u = lambda k, s, a: uniform(k, s, dtype, -a, a)  # noqa: E731
         return cls(
             w1=u(k1, (n_features, n_hidden), a1),
             w2=u(k2, (n_hidden, n_features), a2),
@@ -160,7 +161,7 @@ class GatedFeedForward(AbstractFeedForward):
         dtype = dtype or jnp.zeros(()).dtype
         kg, k1, k2, k3, k4, k5 = jax.random.split(key, 6)
         a1, a2 = 1 / math.sqrt(n_features), 1 / math.sqrt(n_hidden)
-        u = lambda k, s, a: jax.random.uniform(k, s, dtype, -a, a)  # noqa: E731
+        u = lambda k, s, a: uniform(k, s, dtype, -a, a)  # noqa: E731
         return cls(
             w_gate=u(kg, (n_features, n_hidden), a1),
             w1=u(k1, (n_features, n_hidden), a1),

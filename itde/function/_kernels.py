@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._quadrature._rules import AbstractQuadrature, Grid
+from .._random import normal
 from ._bases import AbstractBasis, check_resolution
 
 
@@ -33,7 +33,7 @@ def _n(x) -> int:
 
 def _coeffs(key, shape, decay, scale, dtype):
     """Standard-normal coefficients damped by `decay**(a + b)` over the mode axes."""
-    c = jax.random.normal(key, shape, dtype)
+    c = normal(key, shape, dtype)
     damp = np.ones(())
     for m in shape[-2:] if len(shape) >= 2 else shape[-1:]:
         damp = np.multiply.outer(damp, decay ** np.arange(m))
@@ -110,7 +110,7 @@ class FunctionBias(eqx.Module):
     @classmethod
     def init(cls, key, basis, *, batch=(), scale=1.0, decay=0.7, dtype=None) -> FunctionBias:
         dtype = dtype or jnp.zeros(()).dtype
-        c = jax.random.normal(key, (*batch, basis.n_modes), dtype)
+        c = normal(key, (*batch, basis.n_modes), dtype)
         return cls(c * jnp.asarray(scale * decay ** np.arange(basis.n_modes), dtype), basis)
 
     def sample(self, nodes: Float[Array, " n"], *, check: bool = True) -> Float[Array, "*b n"]:

@@ -34,6 +34,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from .._controls import LegendreControls, PiecewiseConstant
 from .._equation import TransformerIDE
 from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
+from .._random import normal, uniform
 from .._registry import SCHEMES
 from .._solve import solve
 
@@ -90,7 +91,7 @@ def integrate(ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = F
 
 
 def _uniform(key, shape, scale, dtype):
-    return jax.random.uniform(key, shape, dtype, -scale, scale)
+    return uniform(key, shape, dtype, -scale, scale)
 
 
 class TokenModel(eqx.Module):
@@ -204,8 +205,8 @@ def init_token_model(
     d = m.n_features
     ide = build_ide(k_ide, m, causal=causal, grid=Grid.unit(d), dtype=dtype)
     return TokenModel(
-        embedding=jax.random.normal(k_a, (vocab, d), dtype),
-        position=jax.random.normal(k_b, (context, d), dtype),
+        embedding=normal(k_a, (vocab, d), dtype),
+        position=normal(k_b, (context, d), dtype),
         ide=ide,
         readout=_uniform(k_c, (d, vocab), 1 / math.sqrt(d), dtype),
         readout_bias=jnp.zeros((vocab,), dtype),
