@@ -178,4 +178,6 @@ def test_flat_random_draws_equal_shaped_ones(dtype):
         np.testing.assert_array_equal(
             uniform(key, shape, dtype, -0.3, 0.7), jax.random.uniform(key, shape, dtype, -0.3, 0.7)
         )
-        np.testing.assert_array_equal(normal(key, shape, dtype), jax.random.normal(key, shape, dtype))
+        np.testing.assert_array_equal(
+            normal(key, shape, dtype), jax.random.normal(key, shape, dtype)
+        )
