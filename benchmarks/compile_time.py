@@ -4,12 +4,16 @@ What a person waits for first is tracing + compilation + the first call. For 4, 
 layers, the forward pass (`model.batch`, one depth solve over the batch) and a training
 step (`jax.value_and_grad` of a mean-square loss, then an Adam update), itde against a
 post-LN encoder written in plain JAX with `lax.scan` over the stacked layers (the
-abstraction-free way to keep compile time flat in depth). Each measurement runs in a fresh
+abstraction-free way to keep compile time flat in depth), and the same encoder with
+`jax.checkpoint` on each layer ("plain JAX + remat": the memory policy of `itde.solve`'s
+default adjoint, one saved state per layer, the layer recomputed on the way back, so the
+training step's comparison holds the memory policy fixed). Each measurement runs in a fresh
 process (no cache shared between them), in interleaved order, `--rounds` times; the table
 gives the medians and the ratio itde / plain JAX per row, of wall time and of the process's
 CPU time (steadier on a shared machine), and the compiled program's size in HLO lines (the
 same for every depth when nothing is unrolled). `trace_s` is `jit(...).lower`,
-`compile_s` is `.compile()`, `first_call_s` the first call of the compiled function.
+`compile_s` is `.compile()`, `first_call_s` the first call of the compiled function;
+`init_s` (not in the first result) is building the parameters, e.g. `TransformerIDE.init`.
 
     python benchmarks/compile_time.py [--layers 4 12 24 --rounds 3 --out runs/compile_time]
 """
@@ -26,10 +30,12 @@ import time
 from pathlib import Path
 
 SHAPE = dict(batch=8, tokens=32, width=64, heads=4, hidden=128)
+IMPLS = ("plain_jax", "plain_jax_remat", "itde")
 
 
-def _plain_encoder(params, x, n_heads, eps=1e-5):
-    """Post-LN encoder over stacked layers with `lax.scan` (batch-first)."""
+def _plain_encoder(params, x, n_heads, eps=1e-5, remat=False):
+    """Post-LN encoder over stacked layers with `lax.scan` (batch-first); `remat`: each
+    layer under `jax.checkpoint` (its internals recomputed in the backward pass)."""
     import jax
     import jax.numpy as jnp
 
@@ -52,7 +58,7 @@ def _plain_encoder(params, x, n_heads, eps=1e-5):
         h = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
         return ln(x + h, p["g2"], p["c2"]), None
 
-    return jax.lax.scan(layer, x, params)[0]
+    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, params)[0]
 
 
 def _plain_params(key, L, s):
@@ -82,6 +88,7 @@ def measure(impl: str, kind: str, L: int) -> dict:
 
     s = SHAPE
     x = jax.random.normal(jax.random.key(1), (s["batch"], s["tokens"], s["width"]))
+    t_init = time.perf_counter()
     if impl == "itde":
         model = itde.TransformerIDE.init(
             jax.random.key(0), n_layers=L, n_features=s["width"], n_heads=s["heads"],
@@ -95,7 +102,7 @@ def measure(impl: str, kind: str, L: int) -> dict:
         params = _plain_params(jax.random.key(0), L, s)
 
         def forward(p, x):
-            return _plain_encoder(p, x, s["heads"])
+            return _plain_encoder(p, x, s["heads"], remat=impl == "plain_jax_remat")
 
     opt = optax.adam(1e-3)
     if kind == "forward":
@@ -109,6 +116,7 @@ def measure(impl: str, kind: str, L: int) -> dict:
 
         fn, args = jax.jit(step), (params, opt.init(params), x)
     jax.block_until_ready(args)
+    t_init = time.perf_counter() - t_init
     t_import = time.perf_counter() - t_import
     c0, t0 = time.process_time(), time.perf_counter()
     lowered = fn.lower(*args)
@@ -121,7 +129,7 @@ def measure(impl: str, kind: str, L: int) -> dict:
     return {"trace_s": t1 - t0, "compile_s": t2 - t1, "first_call_s": t3 - t2,
             "first_result_s": t3 - t0, "trace_cpu_s": c1 - c0, "compile_cpu_s": c2 - c1,
             "first_result_cpu_s": c3 - c0, "hlo_lines": hlo_lines,
-            "setup_s": t_import}  # fmt: skip
+            "setup_s": t_import, "init_s": t_init}  # fmt: skip
 
 
 def main(argv=None):
@@ -140,7 +148,7 @@ def main(argv=None):
     for r in range(a.rounds):
         for kind in a.kinds:
             for L in a.layers:
-                for impl in ("plain_jax", "itde"):
+                for impl in IMPLS:
                     out = subprocess.run(
                         [sys.executable, __file__, "--one", impl, kind, str(L)],
                         capture_output=True, text=True, check=True,
@@ -153,28 +161,31 @@ def main(argv=None):
         k: {q: statistics.median(m[q] for m in v) for q in v[0]} for k, v in results.items()
     }
     rows = []
-    hdr = (f"{'kind':<11}{'layers':>7}{'plain trace':>12}{'plain compile':>14}"
-           f"{'plain first':>12}{'itde trace':>11}{'itde compile':>13}{'itde first':>11}"
-           f"{'itde/plain':>11}{'(CPU time)':>11}{'HLO lines p/i':>15}")  # fmt: skip
+    hdr = (f"{'kind':<11}{'layers':>7}{'plain first':>12}{'remat first':>12}{'itde trace':>11}"
+           f"{'itde compile':>13}{'itde first':>11}{'itde/plain':>11}{'itde/remat':>11}"
+           f"{'(CPU)':>7}{'itde init':>10}{'HLO lines p/r/i':>17}")  # fmt: skip
     print(hdr)
+
+    def ratio(kind, L, base, q):
+        return statistics.median(
+            x[q] / y[q] for x, y in zip(results[f"itde/{kind}/{L}"], results[f"{base}/{kind}/{L}"])
+        )
+
     for kind in a.kinds:
         for L in a.layers:
-            p, i = med[f"plain_jax/{kind}/{L}"], med[f"itde/{kind}/{L}"]
-            ratio = statistics.median(
-                x["first_result_s"] / y["first_result_s"]
-                for x, y in zip(results[f"itde/{kind}/{L}"], results[f"plain_jax/{kind}/{L}"])
-            )
-            ratio_cpu = statistics.median(
-                x["first_result_cpu_s"] / y["first_result_cpu_s"]
-                for x, y in zip(results[f"itde/{kind}/{L}"], results[f"plain_jax/{kind}/{L}"])
-            )
-            rows.append({"kind": kind, "layers": L, "plain_jax": p, "itde": i,
-                         "ratio_itde_over_plain_first_result": ratio,
-                         "ratio_itde_over_plain_first_result_cpu": ratio_cpu})  # fmt: skip
-            print(f"{kind:<11}{L:>7}{p['trace_s']:>12.2f}{p['compile_s']:>14.2f}"
-                  f"{p['first_result_s']:>12.2f}{i['trace_s']:>11.2f}{i['compile_s']:>13.2f}"
-                  f"{i['first_result_s']:>11.2f}{ratio:>11.2f}{ratio_cpu:>11.2f}"
-                  f"{int(p['hlo_lines']):>8}/{int(i['hlo_lines'])}")  # fmt: skip
+            p, r, i = (med[f"{n}/{kind}/{L}"] for n in IMPLS)
+            row = {"kind": kind, "layers": L, "plain_jax": p, "plain_jax_remat": r, "itde": i}
+            for base in ("plain_jax", "plain_jax_remat"):
+                for q in ("first_result_s", "first_result_cpu_s"):
+                    row[f"ratio_itde_over_{base}_{q}"] = ratio(kind, L, base, q)
+            rows.append(row)
+            print(f"{kind:<11}{L:>7}{p['first_result_s']:>12.2f}{r['first_result_s']:>12.2f}"
+                  f"{i['trace_s']:>11.2f}{i['compile_s']:>13.2f}{i['first_result_s']:>11.2f}"
+                  f"{row['ratio_itde_over_plain_jax_first_result_s']:>11.2f}"
+                  f"{row['ratio_itde_over_plain_jax_remat_first_result_s']:>11.2f}"
+                  f"{row['ratio_itde_over_plain_jax_remat_first_result_cpu_s']:>7.2f}"
+                  f"{i['init_s']:>10.2f}{int(p['hlo_lines']):>7}/{int(r['hlo_lines'])}"
+                  f"/{int(i['hlo_lines'])}")  # fmt: skip
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_time.json").write_text(
