@@ -110,6 +110,18 @@ def _n_features(block) -> int | None:
     return att.wq.shape[-2] if isinstance(att, Attention) else None
 
 
+BLOCK_PARTS = ("attention", "norm1", "feedforward", "norm2")
+
+
+def _part(block: Block, part: str | None):
+    """The whole block, or one of its four operators."""
+    if part is None:
+        return block
+    if part not in BLOCK_PARTS:
+        raise ValueError(f"`part`={part!r} is not a part of a Block; choose one of {BLOCK_PARTS}.")
+    return getattr(block, part)
+
+
 def stack(blocks: list[Block]) -> Block:
     """Stack per-layer controls along a new leading (depth) axis."""
     blocks = list(blocks)
@@ -152,8 +164,10 @@ class AbstractControls(eqx.Module):
         """The depth up to which the controls are defined."""
 
     @abc.abstractmethod
-    def __call__(self, t, side: str = "right") -> Block:
-        """The controls at depth `t`; at a jump, `side` picks the one-sided limit."""
+    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
+        """The controls at depth `t`; at a jump, `side` picks the one-sided limit. `part`
+        (`"attention"`, `"norm1"`, `"feedforward"` or `"norm2"`): only that operator of
+        the block, the others not evaluated (a vector field reads one or two of them)."""
 
     @property
     @abc.abstractmethod
@@ -273,12 +287,13 @@ class PiecewiseConstant(AbstractControls):
         i = jnp.floor(s) if side == "right" else jnp.ceil(s) - 1
         return jnp.clip(i, 0, self.n_layers - 1).astype(jnp.int32)
 
-    def __call__(self, t, side: str = "right") -> Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
         i = self.index(t, side)
         # lax's own dynamic index: `a[i]` goes through jnp's indexing rewrite, which costs
         # milliseconds of tracing per leaf and per evaluation
         return jax.tree.map(
-            lambda a: jax.lax.dynamic_index_in_dim(a, i, axis=0, keepdims=False), self.values
+            lambda a: jax.lax.dynamic_index_in_dim(a, i, axis=0, keepdims=False),
+            _part(self.values, part),
         )
 
     def layer(self, n: int) -> Block:
@@ -328,7 +343,7 @@ class LegendreControls(AbstractControls):
         """The whole interval in one step (name a `dt0` to refine)."""
         return self.t1 - self.t0
 
-    def __call__(self, t, side: str = "right") -> Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
         del side  # continuous in t: both one-sided limits agree
         # the series is summed in float32 or wider whatever the parameters' dtype: in
         # bfloat16 the depth itself (and P_c) would carry a relative error of 4e-3
@@ -341,7 +356,7 @@ class LegendreControls(AbstractControls):
             w = jnp.promote_types(c.dtype, jnp.float32)
             return jnp.tensordot(p.astype(w), c.astype(w), axes=1).astype(c.dtype)
 
-        return jax.tree.map(series, self.coeffs)
+        return jax.tree.map(series, _part(self.coeffs, part))
 
     @classmethod
     def from_layers(cls, controls: PiecewiseConstant, n_modes: int | None = None):

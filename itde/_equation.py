@@ -348,10 +348,9 @@ class TransformerIDE(AbstractEquation):
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t` ($A(N_1 u)$ for pre-norm and parallel
         blocks). `args` is the key mask (`[tokens]` booleans) or None."""
-        block = self.controls(t, "right")
-        att, head_weights = block.attention.discretise(self.grid)
+        att, head_weights = self.controls(t, "right", "attention").discretise(self.grid)
         fw = self._feature_weights()
-        v = u if self.block == "post_norm" else block.norm1(u, fw)
+        v = u if self.block == "post_norm" else self.controls(t, "right", "norm1")(u, fw)
         lw = self.grid.token_log_weights(u.shape[0], u.dtype)
         causal, volterra = self.causal, dict()
         cw = self.grid.causal_weights(u.shape[0]) if self.causal else None
@@ -375,10 +374,9 @@ class TransformerIDE(AbstractEquation):
     def feedforward_field(self, t, u, args=None):
         """The vector field $F(u)$ at depth `t` ($F(N_2 u)$ for pre-norm and parallel
         blocks; $\\tfrac12(F(u) - u)$ in the post-norm relaxation form)."""
-        block = self.controls(t, "right")
-        ff, hidden_weights = block.feedforward.discretise(self.grid)
+        ff, hidden_weights = self.controls(t, "right", "feedforward").discretise(self.grid)
         fw = self._feature_weights()
-        v = u if self.block == "post_norm" else block.norm2(u, fw)
+        v = u if self.block == "post_norm" else self.controls(t, "right", "norm2")(u, fw)
         f = ff(v, feature_weights=fw, hidden_weights=hidden_weights)
         if self.ffn_form == "relaxation":
             return 0.5 * (f - u)
@@ -391,11 +389,11 @@ class TransformerIDE(AbstractEquation):
 
     def project1(self, t, u):
         """Projection onto the first constraint set of the layer acting at `t`."""
-        return self.controls(t, "left").norm1(u, self._feature_weights())
+        return self.controls(t, "left", "norm1")(u, self._feature_weights())
 
     def project2(self, t, u):
         """Projection onto the second constraint set of the layer acting at `t`."""
-        return self.controls(t, "left").norm2(u, self._feature_weights())
+        return self.controls(t, "left", "norm2")(u, self._feature_weights())
 
     # ------------------------------------------------------------- continuum limit
     def constraint(self, t) -> AbstractNorm:
@@ -407,7 +405,7 @@ class TransformerIDE(AbstractEquation):
                 f"a `block`={self.block!r} equation has no constraint set: its normalisations "
                 "are maps inside the operators, and its continuum is an unconstrained ODE."
             )
-        norm = self.controls(t, "left").norm2
+        norm = self.controls(t, "left", "norm2")
         if not norm.is_exact:
             gain = "set" if norm.gain is not None else None
             shift = "set" if getattr(norm, "shift", None) is not None else None
@@ -435,7 +433,9 @@ class TransformerIDE(AbstractEquation):
         out = norm.tangent(u, w, fw)
         if drift:
             t = jnp.asarray(t, u.dtype)
-            _, d_norm = jax.jvp(lambda s: self.controls(s, "left").norm2, (t,), (jnp.ones_like(t),))
+            _, d_norm = jax.jvp(
+                lambda s: self.controls(s, "left", "norm2"), (t,), (jnp.ones_like(t),)
+            )
             out = out + norm.drift(u, d_norm, fw)
         return out
 

@@ -204,3 +204,21 @@ def test_batched_solve_equals_vmap_forward_and_gradient(kind):
         )
     with pytest.raises(ValueError, match="batched=True"):
         itde.solve(model, x[0], batched=True)
+
+
+def test_controls_part_is_that_operator_of_the_block():
+    """A vector field evaluates only the operator it reads (`controls(t, side, part)`);
+    that must be exactly the block's operator, for per-layer and smooth controls."""
+    from itde._controls import BLOCK_PARTS
+
+    per_layer = _model(L=3).controls
+    smooth = itde.LegendreControls.init(
+        jax.random.key(1), n_modes=2, n_features=8, n_heads=2, n_hidden=8, eps=0.0
+    )
+    for controls, t in ((per_layer, 1.0), (per_layer, 2.3), (smooth, 0.37)):
+        for side in ("left", "right"):
+            block = controls(t, side)
+            for part in BLOCK_PARTS:
+                chex.assert_trees_all_equal(controls(t, side, part), getattr(block, part))
+    with pytest.raises(ValueError, match="`part`='ffn'.*feedforward"):
+        per_layer(0.5, "right", "ffn")
