@@ -407,14 +407,16 @@ class LegendreControls(AbstractControls):
                 "would map every state to sigma1 or to the farthest point)."
             )
         keys = jax.random.split(key, n_modes)
-        blocks = []
         make = Block.init if block_init is None else block_init
-        for c, k in enumerate(keys):
-            b = make(k, **block_kwargs)
-            scale = 1.0 if c == 0 else amplitude / c**2
-            b = jax.tree.map(lambda a: a * scale, b)
-            blocks.append(b)
-        coeffs = stack(blocks)
+        scales = [1.0 if c == 0 else amplitude / c**2 for c in range(n_modes)]
+
+        # one compiled program scales and stacks every leaf (op by op, each leaf's shape
+        # would compile a program of its own)
+        @eqx.filter_jit
+        def scale_and_stack(blocks):
+            return stack([jax.tree.map(lambda a: a * s, b) for b, s in zip(blocks, scales)])
+
+        coeffs = scale_and_stack([make(k, **block_kwargs) for k in keys])
 
         def sig(vals):
             v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)

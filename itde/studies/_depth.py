@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +27,7 @@ from .._equation import TransformerIDE
 from .._io import check_output_dir, write_json
 from .._plot import save_figure
 from .._quadrature._rules import Grid
+from .._random import normal
 from .._registry import SCHEMES
 from .._solve import solve
 
@@ -45,8 +47,8 @@ def build_problem(p: ProblemConfig) -> tuple[TransformerIDE, jax.Array]:
         dtype=jnp.float64,
     )
     model = TransformerIDE(controls, Grid.unit(p.n_features))
-    f = jax.random.normal(jax.random.key(p.seed + 1), (p.n_tokens, p.n_features), jnp.float64)
-    return model, model.project(0.0, f)
+    f = normal(jax.random.key(p.seed + 1), (p.n_tokens, p.n_features), jnp.float64)
+    return model, eqx.filter_jit(lambda m, f: m.project(0.0, f))(model, f)
 
 
 def _reference(model, u0, rtol, atol, max_steps):
