@@ -125,14 +125,20 @@ def test_rows_without_keys_give_zero_with_finite_gradients(core, how):
     else:
         kw["score_bias"] = jnp.asarray(np.where(w > 0, 0.0, -np.inf))
     for causal in (False, True):
-        got = _call(core, q, k, v, causal=causal, **kw)
+
+        @jax.jit  # one compile instead of an op-by-op gradient of the block loop
+        def value_and_grads(q, k, v, causal=causal):
+            out = _call(core, q, k, v, causal=causal, **kw)
+            grads = jax.grad(
+                lambda q, k, v: jnp.sum(jnp.tanh(_call(core, q, k, v, causal=causal, **kw))),
+                argnums=(0, 1, 2),
+            )(q, k, v)
+            return out, grads
+
+        got, grads = value_and_grads(q, k, v)
         ref = _reference(q, k, v, weights=w, causal=causal)
         assert np.all(np.asarray(got)[:, ~w.any(axis=1)] == 0.0)
         np.testing.assert_allclose(got, ref, rtol=0, atol=ATOL[core])
-        grads = jax.grad(
-            lambda q, k, v: jnp.sum(jnp.tanh(_call(core, q, k, v, causal=causal, **kw))),
-            argnums=(0, 1, 2),
-        )(q, k, v)
         assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
 
 
@@ -141,9 +147,13 @@ def test_bias_as_a_function_of_indices_equals_the_array():
     n = q.shape[1]
     b = jax.random.normal(jax.random.PRNGKey(5), (2, n, n), jnp.float64)
     fn = lambda iq, ik: b[:, iq[:, None], ik[None, :]]  # noqa: E731
-    for core in ("dense", "blocked", "fused"):
-        got = _call(core, q, k, v, score_bias=fn, causal=True)
-        ref = _call(core, q, k, v, score_bias=b, causal=True)
+    for core in ("dense", "blocked", "fused"):  # jitted: one compile per call, not per op
+        got = jax.jit(lambda q, k, v, core=core: _call(core, q, k, v, score_bias=fn, causal=True))(
+            q, k, v
+        )
+        ref = jax.jit(lambda q, k, v, core=core: _call(core, q, k, v, score_bias=b, causal=True))(
+            q, k, v
+        )
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
 
 

@@ -6,8 +6,10 @@ by construction of the mathematics (closest point, relative positions), never it
 """
 
 import dataclasses
+import functools
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -223,7 +225,7 @@ def test_one_compiled_model_serves_every_mask_under_vmap_batch_and_grad():
     def loss(model, u, k):
         return jnp.sum(model.batch(u, k) ** 2)
 
-    g = jax.grad(loss)(m, x, masks)
+    g = eqx.filter_jit(eqx.filter_grad(loss))(m, x, masks)  # jitted: not op by op
     leaves = jax.tree.leaves(g)
     assert leaves and all(bool(jnp.all(jnp.isfinite(v))) for v in leaves)
     sol = itde.solve(m, x[1], args=masks[1])
@@ -315,15 +317,18 @@ def test_mask_and_rope_agree_across_dense_blocked_and_fused_cores():
     mask = jnp.array([0, 1, 1, 1, 1, 0], bool)
     cs = rope.cos_sin(jnp.arange(6) + 0.5, u.dtype)
 
+    # jitted: one compile per core instead of an op-by-op (eager) gradient of the loops
+    @functools.partial(jax.jit, static_argnums=0)
     def run(impl, u):
-        return att(u, causal=True, impl=impl, block_size=4, key_mask=mask, rotary=cs)
+        out = att(u, causal=True, impl=impl, block_size=4, key_mask=mask, rotary=cs)
+        return out, jax.grad(lambda v: jnp.sum(jnp.sin(att(
+            v, causal=True, impl=impl, block_size=4, key_mask=mask, rotary=cs))))(u)  # fmt: skip
 
-    ref = run("dense", u)
+    ref, g_ref = run("dense", u)
     np.testing.assert_allclose(ref[0], att.bo, atol=1e-14)  # no admissible key: A = bo
-    g_ref = jax.grad(lambda v: jnp.sum(jnp.sin(run("dense", v))))(u)
     for impl, tol in (("blocked", 1e-12), ("fused", 1e-6)):  # fused: float32 softmax
-        np.testing.assert_allclose(run(impl, u), ref, rtol=0, atol=tol, err_msg=impl)
-        g = jax.grad(lambda v, impl=impl: jnp.sum(jnp.sin(run(impl, v))))(u)
+        out, g = run(impl, u)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tol, err_msg=impl)
         np.testing.assert_allclose(g, g_ref, rtol=0, atol=10 * tol, err_msg=impl)
 
 
