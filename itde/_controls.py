@@ -141,7 +141,20 @@ def stack(blocks: list[Block]) -> Block:
                 f"{shapes[0]}; every layer needs the same widths (n_features, n_heads, "
                 "n_hidden)."
             )
+    return _stack_leaves(blocks)
+
+
+@eqx.filter_jit
+def _stack_leaves(blocks):
+    """Every leaf stacked, in one compiled program (op by op, each leaf's shape would
+    compile a program of its own)."""
     return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+
+
+@eqx.filter_jit
+def _scale_and_stack(blocks, scales: tuple[float, ...]):
+    """Mode c's block times `scales[c]`, stacked: one compiled program for every leaf."""
+    return stack([jax.tree.map(lambda a: a * s, b) for b, s in zip(blocks, scales)])
 
 
 class AbstractControls(eqx.Module):
@@ -408,15 +421,8 @@ class LegendreControls(AbstractControls):
             )
         keys = jax.random.split(key, n_modes)
         make = Block.init if block_init is None else block_init
-        scales = [1.0 if c == 0 else amplitude / c**2 for c in range(n_modes)]
-
-        # one compiled program scales and stacks every leaf (op by op, each leaf's shape
-        # would compile a program of its own)
-        @eqx.filter_jit
-        def scale_and_stack(blocks):
-            return stack([jax.tree.map(lambda a: a * s, b) for b, s in zip(blocks, scales)])
-
-        coeffs = scale_and_stack([make(k, **block_kwargs) for k in keys])
+        scales = tuple(1.0 if c == 0 else amplitude / c**2 for c in range(n_modes))
+        coeffs = _scale_and_stack([make(k, **block_kwargs) for k in keys], scales)
 
         def sig(vals):
             v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)
