@@ -473,3 +473,25 @@ def test_error_norm():
     )
     with pytest.raises(ValueError, match="kind"):
         error_norm(a, b, "l3")
+
+
+def test_combine_results_keeps_static_success_static_and_reports_a_failure():
+    """Sub-steps that succeed at trace time give a step result known at trace time; a
+    traced failure among them is the combined result, whatever its place."""
+    ok, bad = diffrax.RESULTS.successful, diffrax.RESULTS.max_steps_reached
+
+    @jax.jit
+    def all_static(x):  # inside a trace, where a combined result would become a tracer
+        assert not itde_solvers.combine_results([ok, ok, ok]).is_traced()
+        return x
+
+    all_static(0.0)
+
+    @jax.jit
+    def combined(fail_at):
+        traced = [diffrax.RESULTS.where(fail_at == i, bad, ok) for i in range(3)]
+        return itde_solvers.combine_results([ok, traced[0], ok, traced[1], traced[2]])._value
+
+    for i in range(3):
+        assert int(combined(i)) == int(bad._value)
+    assert int(combined(5)) == int(ok._value)
