@@ -142,6 +142,33 @@ def test_rows_without_keys_give_zero_with_finite_gradients(core, how):
         assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_rows_without_keys_stay_finite_in_low_precision_under_large_cotangents(dtype):
+    """The dense core shifts a keyless row by the lowest finite number and adds e^(lo - m)
+    to its sum (1 there, exactly 0 elsewhere): its output is 0, its gradients finite even
+    for a cotangent of 1e30, and every other row equals the float64 direct sum."""
+    q, k, v = _inputs(n=9)
+    n = q.shape[1]
+    mask = np.ones(n, bool)
+    mask[:3] = False  # left padding: under causal, queries 0-2 see no key
+    lw = jnp.where(jnp.asarray(mask), 0.0, -jnp.inf).astype(dtype)
+    q, k, v = (a.astype(dtype) for a in (q, k, v))
+
+    @jax.jit
+    def value_and_grads(q, k, v):
+        f = lambda q, k, v: dense_attention(q, k, v, token_log_weights=lw, causal=True)  # noqa: E731
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(jnp.full(out.shape, 1e30, dtype))
+
+    got, grads = value_and_grads(q, k, v)
+    assert np.all(np.asarray(got[:, :3], np.float64) == 0.0)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+    ref = _reference(*(a.astype(jnp.float64) for a in (q, k, v)), weights=np.tile(mask, (n, 1)),
+                     causal=True)  # fmt: skip
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=0, atol=tol)
+
+
 def test_bias_as_a_function_of_indices_equals_the_array():
     q, k, v = _inputs(n=10)
     n = q.shape[1]

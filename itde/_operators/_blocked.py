@@ -126,8 +126,8 @@ def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, caus
         else:
             s = s + _safe_log(w)[None]
             w = None
-    if causal:
-        s = jnp.where(iq[:, None] >= ik[None, :], s, -jnp.inf)
+    if causal:  # added, not selected: XLA:CPU then fuses the whole dense core into one kernel
+        s = s + jnp.where(iq[:, None] >= ik[None, :], 0.0, -jnp.inf).astype(s.dtype)
     return s, w
 
 
@@ -185,13 +185,22 @@ def dense_attention(
         signed_weights=signed_weights,
         causal=causal,
     )
-    m = _shift(jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
+    # The shift of a row with no admissible key (all scores -inf) is the lowest finite
+    # number, so that its exponentials are 0 and not NaN. No `where` on the row maximum or
+    # on the sum: written with max, exp, sum and division only, XLA:CPU fuses the whole
+    # core (both products, the softmax) into one kernel, 1.2-2x faster than with selects.
+    lo = jnp.finfo(s.dtype).min
+    m = jnp.maximum(jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)), lo)
     p = jnp.exp(s - m)
-    if w is not None:
+    if w is not None:  # signed weights: the sum may be 0 or negative
         p = p * w[None]
-    ell = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("hnm,hme->hne", p, v)
-    return out / jnp.where(ell != 0, ell, 1.0)
+        ell = jnp.sum(p, axis=-1, keepdims=True)
+        return jnp.einsum("hnm,hme->hne", p, v) / jnp.where(ell != 0, ell, 1.0)
+    # A row with an admissible key has ell >= 1 (its maximum contributes e^0 = 1), and
+    # e^(lo - m) underflows to exactly 0 there; a row with none has p = 0, m = lo and
+    # e^(lo - m) = 1, so its output is 0 / 1 = 0 with finite gradients.
+    ell = jnp.sum(p, axis=-1, keepdims=True) + jnp.exp(lo - m)
+    return jnp.einsum("hnm,hme->hne", p, v) / ell
 
 
 def blocked_attention(
