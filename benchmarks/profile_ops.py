@@ -3,10 +3,11 @@
 Two workloads: the forward pass of an `itde.from_torch` encoder (batch 16, 128 tokens,
 width 128, 4 heads, 4 layers, post-LN, relu) and a training step at the charlm shapes
 (configs/charlm.toml: batch 32, context 64, width 64, 4 heads, hidden 128, 2 layers, causal,
-gelu; forward + backward + clipped AdamW). For each, three programs on the same weights:
-itde (the library's own jitted forward / `itde.train.make_step`), plain JAX (a post-LN
-encoder with `lax.scan` over stacked layers) and PyTorch (`nn.TransformerEncoder`, the
-faster of 1 thread and its default).
+gelu; forward + backward + clipped AdamW). Programs on the same weights: itde (the
+library's own jitted forward / `itde.train.make_step`), plain JAX (a post-LN encoder with
+`lax.scan` over stacked layers, attention head-major), for the training step also plain JAX
++ remat (the same scan with `jax.checkpoint` on each layer: `itde.solve`'s memory policy),
+and PyTorch (`nn.TransformerEncoder`, the faster of 1 thread and its default).
 
 The JAX programs run under `jax.profiler.trace`; XLA:CPU records every executed HLO
 instruction (thunk) with its duration, and each instruction is put in a class by what its
@@ -18,7 +19,9 @@ subtracted), elementwise (the rest). PyTorch runs under `torch.profiler`, self C
 ATen op, classified by name. `host/other` is wall time per call minus the classified time:
 Python, dispatch, waits (negative when ops ran on both threads at once). The profilers add
 overhead of their own, so the per-class times are shares; the ratio of unprofiled wall times
-(interleaved medians) is the speed figure.
+(interleaved medians) is the speed figure. XLA:CPU runs some matrix products (Eigen's, e.g.
+a weight gradient `x^T g`) asynchronously: the trace records their dispatch, and the rest of
+their time shows as idle time in a timeline and as host/other here.
 
     python benchmarks/profile_ops.py [--workload forward|train|both --calls 20 --out runs/profile]
 """
@@ -171,24 +174,28 @@ def _ln(x, g, b, eps=1e-5):
     return (x - m) * jax.lax.rsqrt(v + eps) * g + b
 
 
-def plain_encoder(p, x, n_heads, causal=False, act=jax.nn.relu):
-    """Post-LN encoder, `lax.scan` over stacked layers, PyTorch's weight layout."""
+def plain_encoder(p, x, n_heads, causal=False, act=jax.nn.relu, remat=False):
+    """Post-LN encoder, `lax.scan` over stacked layers, PyTorch's weight layout; attention
+    head-major (`[batch, heads, tokens, head]`, one transpose of q, k, v each), the faster
+    layout on XLA:CPU. `remat`: each layer under `jax.checkpoint` (one state kept per layer,
+    the layer recomputed in the backward pass: the memory policy of `itde.solve`)."""
     B, N, d = x.shape
     dh = d // n_heads
     mask = jnp.tril(jnp.ones((N, N), bool)) if causal else None
 
     def layer(x, p):
-        qkv = x @ p["w_in"].T + p["b_in"]
-        q, k, v = (a.reshape(B, N, n_heads, dh) for a in jnp.split(qkv, 3, -1))
-        s = jnp.einsum("bnhe,bmhe->bhnm", q / math.sqrt(dh), k)
+        qkv = (x @ p["w_in"].T + p["b_in"]).reshape(B, N, 3, n_heads, dh)
+        q, k, v = qkv.transpose(2, 0, 3, 1, 4)
+        s = jnp.einsum("bhne,bhme->bhnm", q / math.sqrt(dh), k)
         if mask is not None:
             s = jnp.where(mask, s, -jnp.inf)
-        o = jnp.einsum("bhnm,bmhe->bnhe", jax.nn.softmax(s, -1), v).reshape(B, N, d)
+        o = jnp.einsum("bhnm,bhme->bhne", jax.nn.softmax(s, -1), v)
+        o = o.transpose(0, 2, 1, 3).reshape(B, N, d)
         x = _ln(x + o @ p["w_out"].T + p["b_out"], p["g1"], p["b1n"])
         h = act(x @ p["w1"].T + p["b1"]) @ p["w2"].T + p["b2"]
         return _ln(x + h, p["g2"], p["b2n"]), None
 
-    return jax.lax.scan(layer, x, p)[0]
+    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, p)[0]
 
 
 def stacked_params(enc) -> dict:
@@ -251,78 +258,95 @@ def train_workload(repeats: int):
                       optax.adamw(optax.warmup_cosine_decay_schedule(
                           0.0, o.lr, o.warmup, o.steps, o.lr * o.final_lr_ratio),
                           b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))  # fmt: skip
-    def plain_loss(p, x, y):
-        u = p["emb"][x] + p["pos"][: x.shape[1]]
-        h = plain_encoder(p["enc"], u, m.n_heads, causal=True,
-                          act=lambda z: jax.nn.gelu(z, approximate=False))  # fmt: skip
-        logp = jax.nn.log_softmax(h @ p["w"] + p["b"], -1)
-        return -jnp.mean(jnp.take_along_axis(logp, y[..., None], -1))
+    def plain_step_fn(remat: bool):
+        def plain_loss(p, x, y):
+            u = p["emb"][x] + p["pos"][: x.shape[1]]
+            h = plain_encoder(p["enc"], u, m.n_heads, causal=True, remat=remat,
+                              act=lambda z: jax.nn.gelu(z, approximate=False))  # fmt: skip
+            logp = jax.nn.log_softmax(h @ p["w"] + p["b"], -1)
+            return -jnp.mean(jnp.take_along_axis(logp, y[..., None], -1))
 
-    @jax.jit
-    def plain_step(p, s, x, y):
-        loss, g = jax.value_and_grad(plain_loss)(p, x, y)
-        u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s, loss
+        @jax.jit
+        def plain_step(p, s, x, y):
+            loss, g = jax.value_and_grad(plain_loss)(p, x, y)
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s, loss
 
+        return plain_step
+
+    plain_step, remat_step = plain_step_fn(False), plain_step_fn(True)
     jstep = jax.jit(step)  # already an eqx.filter_jit; the outer jit gives `.lower`
     loss_itde = float(jstep(model, opt_state, (x, y))[2])
     loss_plain = float(plain_step(p, opt.init(p), x, y)[2])
+    loss_remat = float(remat_step(p, opt.init(p), x, y)[2])
     return {"name": "train", "shape": dict(batch=o.batch_size, context=cfg.task.context,
                                            width=m.n_features, heads=m.n_heads,
                                            hidden=m.n_hidden, layers=m.n_layers),
             "itde": (jstep, (model, opt_state, (x, y))),
             "plain_jax": (plain_step, (p, opt.init(p), x, y)),
+            "plain_jax_remat": (remat_step, (p, opt.init(p), x, y)),
             "torch": lambda: torch_step(net, topt, tsched, o.clip_norm, xt, yt),
-            "first_loss": {"itde": loss_itde, "plain_jax": loss_plain}}  # fmt: skip
+            "first_loss": {"itde": loss_itde, "plain_jax": loss_plain,
+                           "plain_jax_remat": loss_remat}}  # fmt: skip
+
+
+JAX_PROGRAMS = ("itde", "plain_jax", "plain_jax_remat")
 
 
 def run_workload(w: dict, calls: int, repeats: int, rounds: int) -> dict:
     threads = torch.get_num_threads()
-    fns = {
-        "itde": lambda: jax.block_until_ready(w["itde"][0](*w["itde"][1])),
-        "plain_jax": lambda: jax.block_until_ready(w["plain_jax"][0](*w["plain_jax"][1])),
-    }
+    progs = [k for k in JAX_PROGRAMS if k in w]
+    fns = {k: (lambda k: lambda: jax.block_until_ready(w[k][0](*w[k][1])))(k) for k in progs}
     for f in fns.values():
         f()
     w["torch"]()
-    times = {k: [] for k in ("itde", "plain_jax", "torch_1", f"torch_{threads}")}
+    times = {k: [] for k in (*progs, "torch_1", f"torch_{threads}")}
     for _ in range(rounds):  # interleaved: noise hits every program alike
-        times["itde"].append(median_time(fns["itde"], repeats))
-        times["plain_jax"].append(median_time(fns["plain_jax"], repeats))
+        for k in progs:
+            times[k].append(median_time(fns[k], repeats))
         for n in sorted({1, threads}):
             torch.set_num_threads(n)
             times[f"torch_{n}"].append(median_time(w["torch"], repeats))
     med = {k: statistics.median(v) for k, v in times.items() if v}
     best = min((k for k in med if k.startswith("torch_")), key=med.get)
     torch.set_num_threads(int(best.split("_")[1]))
-    prof = {
-        "itde": profile_jax(*w["itde"], calls),
-        "plain_jax": profile_jax(*w["plain_jax"], calls),
-        "torch": profile_torch(w["torch"], calls),
-    }
+    prof = {k: profile_jax(*w[k], calls) for k in progs}
+    prof["torch"] = profile_torch(w["torch"], calls)
     torch.set_num_threads(threads)
-    wall = {"itde": med["itde"], "plain_jax": med["plain_jax"], "torch": med[best]}
+    wall = {**{k: med[k] for k in progs}, "torch": med[best]}
     for k, p in prof.items():
         p["host/other"] = wall[k] - sum(p.values())
+    plain = [k for k in progs if k != "itde"]
+    best_plain = min(plain, key=med.get)
     return {"workload": w["name"], "shape": w["shape"], "median_s": med, "torch_best": best,
             "ratio_itde_over_torch": med["itde"] / med[best],
-            "ratio_itde_over_plain_jax": med["itde"] / med["plain_jax"],
+            **{f"ratio_itde_over_{k}": med["itde"] / med[k] for k in plain},
+            "best_plain_jax": best_plain,
+            "ratio_itde_over_best_plain_jax": med["itde"] / med[best_plain],
             "rounds": times, "profile_s_per_call": prof,
             **{k: w[k] for k in ("max_abs_diff_itde_plain", "first_loss") if k in w}}  # fmt: skip
 
 
+_NAMES = {"itde": "itde", "plain_jax": "plain JAX", "plain_jax_remat": "plain JAX + remat",
+          "torch": "PyTorch"}  # fmt: skip
+
+
 def _table(r: dict) -> str:
+    progs = [k for k in (*JAX_PROGRAMS, "torch") if k in r["profile_s_per_call"]]
+    ratios = ", ".join(f"itde/{_NAMES[k]} {r[f'ratio_itde_over_{k}']:.2f}"
+                       for k in progs if k not in ("itde", "torch"))  # fmt: skip
     lines = [f"{r['workload']} {r['shape']}: itde/torch {r['ratio_itde_over_torch']:.2f}, "
-             f"itde/plain JAX {r['ratio_itde_over_plain_jax']:.2f} (torch: {r['torch_best']})",
-             "| op class | itde ms | plain JAX ms | PyTorch ms |", "|---|---|---|---|"]  # fmt: skip
+             f"{ratios} (torch: {r['torch_best']})",
+             "| op class | " + " | ".join(f"{_NAMES[k]} ms" for k in progs) + " |",
+             "|---|" + "---|" * len(progs)]  # fmt: skip
     p = r["profile_s_per_call"]
     for c in (*CLASSES, "host/other"):
-        row = [p[k].get(c, 0.0) * 1e3 for k in ("itde", "plain_jax", "torch")]
+        row = [p[k].get(c, 0.0) * 1e3 for k in progs]
         if any(abs(v) >= 0.005 for v in row):
             lines.append(f"| {c} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
-    w = r["median_s"]
-    lines.append(f"| **wall (unprofiled median)** | {w['itde'] * 1e3:.2f} | "
-                 f"{w['plain_jax'] * 1e3:.2f} | {w[r['torch_best']] * 1e3:.2f} |")  # fmt: skip
+    w = {**r["median_s"], "torch": r["median_s"][r["torch_best"]]}
+    lines.append("| **wall (unprofiled median)** | "
+                 + " | ".join(f"{w[k] * 1e3:.2f}" for k in progs) + " |")  # fmt: skip
     return "\n".join(lines)
 
 
