@@ -176,9 +176,10 @@ def _ln(x, g, b, eps=1e-5):
 
 def plain_encoder(p, x, n_heads, causal=False, act=jax.nn.relu, remat=False):
     """Post-LN encoder, `lax.scan` over stacked layers, PyTorch's weight layout; attention
-    head-major (`[batch, heads, tokens, head]`, one transpose of q, k, v each), the faster
-    layout on XLA:CPU. `remat`: each layer under `jax.checkpoint` (one state kept per layer,
-    the layer recomputed in the backward pass: the memory policy of `itde.solve`)."""
+    head-major (`[batch, heads, tokens, head]`, one transpose of q, k, v each: the faster
+    forward on XLA:CPU, the same values). `remat`: each layer under `jax.checkpoint` (one
+    state kept per layer, the layer recomputed in the backward pass: the memory policy of
+    `itde.solve`)."""
     B, N, d = x.shape
     dh = d // n_heads
     mask = jnp.tril(jnp.ones((N, N), bool)) if causal else None
