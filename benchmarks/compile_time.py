@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -33,49 +32,6 @@ SHAPE = dict(batch=8, tokens=32, width=64, heads=4, hidden=128)
 IMPLS = ("plain_jax", "plain_jax_remat", "itde")
 
 
-def _plain_encoder(params, x, n_heads, eps=1e-5, remat=False):
-    """Post-LN encoder over stacked layers with `lax.scan` (batch-first); `remat`: each
-    layer under `jax.checkpoint` (its internals recomputed in the backward pass)."""
-    import jax
-    import jax.numpy as jnp
-
-    B, N, d = x.shape
-    dh = d // n_heads
-
-    def ln(x, g, b):
-        m = x.mean(-1, keepdims=True)
-        v = ((x - m) ** 2).mean(-1, keepdims=True)
-        return (x - m) * jax.lax.rsqrt(v + eps) * g + b
-
-    def layer(x, p):
-        q, k, v = (
-            (x @ p[w] + p[b]).reshape(B, N, n_heads, dh)
-            for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv"))
-        )
-        s = jnp.einsum("bnhe,bmhe->bhnm", q, k) / math.sqrt(dh)
-        o = jnp.einsum("bhnm,bmhe->bnhe", jax.nn.softmax(s, -1), v).reshape(B, N, d)
-        x = ln(x + o @ p["wo"] + p["bo"], p["g1"], p["c1"])
-        h = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
-        return ln(x + h, p["g2"], p["c2"]), None
-
-    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, params)[0]
-
-
-def _plain_params(key, L, s):
-    import jax
-    import jax.numpy as jnp
-
-    d, f = s["width"], s["hidden"]
-    shapes = dict(wq=(d, d), wk=(d, d), wv=(d, d), wo=(d, d), w1=(d, f), w2=(f, d),
-                  bq=(d,), bk=(d,), bv=(d,), bo=(d,), b1=(f,), b2=(d,),
-                  g1=(d,), c1=(d,), g2=(d,), c2=(d,))  # fmt: skip
-    keys = jax.random.split(key, len(shapes))
-    return {
-        n: (jnp.ones if n[0] == "g" else lambda sh: 0.05 * jax.random.normal(k, sh))((L, *sh))
-        for (n, sh), k in zip(shapes.items(), keys)
-    }
-
-
 def measure(impl: str, kind: str, L: int) -> dict:
     """One measurement, in this (fresh) process."""
     t_import = time.perf_counter()
@@ -83,6 +39,7 @@ def measure(impl: str, kind: str, L: int) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
+    from _plain import plain_encoder, random_params
 
     import itde
 
@@ -99,10 +56,10 @@ def measure(impl: str, kind: str, L: int) -> dict:
         def forward(p, x):
             return eqx.combine(p, static).batch(x)
     else:
-        params = _plain_params(jax.random.key(0), L, s)
+        params = random_params(jax.random.key(0), L, s["width"], s["hidden"])
 
         def forward(p, x):
-            return _plain_encoder(p, x, s["heads"], remat=impl == "plain_jax_remat")
+            return plain_encoder(p, x, s["heads"], remat=impl == "plain_jax_remat")
 
     opt = optax.adam(1e-3)
     if kind == "forward":

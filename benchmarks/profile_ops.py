@@ -32,7 +32,6 @@ import argparse
 import collections
 import glob
 import json
-import math
 import re
 import statistics
 import tempfile
@@ -43,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
+from _plain import plain_encoder
 from _timing import median_time
 
 CLASSES = ("GEMM", "attention (fused)", "softmax", "layernorm", "reduce", "copy/transpose",
@@ -168,37 +168,6 @@ def profile_torch(fn, calls: int) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- workloads
-def _ln(x, g, b, eps=1e-5):
-    m = x.mean(-1, keepdims=True)
-    v = ((x - m) ** 2).mean(-1, keepdims=True)
-    return (x - m) * jax.lax.rsqrt(v + eps) * g + b
-
-
-def plain_encoder(p, x, n_heads, causal=False, act=jax.nn.relu, remat=False):
-    """Post-LN encoder, `lax.scan` over stacked layers, PyTorch's weight layout; attention
-    head-major (`[batch, heads, tokens, head]`, one transpose of q, k, v each: the faster
-    forward on XLA:CPU, the same values). `remat`: each layer under `jax.checkpoint` (one
-    state kept per layer, the layer recomputed in the backward pass: the memory policy of
-    `itde.solve`)."""
-    B, N, d = x.shape
-    dh = d // n_heads
-    mask = jnp.tril(jnp.ones((N, N), bool)) if causal else None
-
-    def layer(x, p):
-        qkv = (x @ p["w_in"].T + p["b_in"]).reshape(B, N, 3, n_heads, dh)
-        q, k, v = qkv.transpose(2, 0, 3, 1, 4)
-        s = jnp.einsum("bhne,bhme->bhnm", q / math.sqrt(dh), k)
-        if mask is not None:
-            s = jnp.where(mask, s, -jnp.inf)
-        o = jnp.einsum("bhnm,bhme->bhne", jax.nn.softmax(s, -1), v)
-        o = o.transpose(0, 2, 1, 3).reshape(B, N, d)
-        x = _ln(x + o @ p["w_out"].T + p["b_out"], p["g1"], p["b1n"])
-        h = act(x @ p["w1"].T + p["b1"]) @ p["w2"].T + p["b2"]
-        return _ln(x + h, p["g2"], p["b2n"]), None
-
-    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, p)[0]
-
-
 def stacked_params(enc) -> dict:
     names = {"w_in": "self_attn.in_proj_weight", "b_in": "self_attn.in_proj_bias",
              "w_out": "self_attn.out_proj.weight", "b_out": "self_attn.out_proj.bias",

@@ -39,7 +39,7 @@ def measure(impl: str, L: int) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
-    from compile_time import _plain_encoder, _plain_params
+    from _plain import plain_encoder, random_params
 
     import itde
 
@@ -55,10 +55,10 @@ def measure(impl: str, L: int) -> dict:
         def forward(p, x):
             return eqx.combine(p, static).batch(x)
     else:
-        params = _plain_params(jax.random.key(0), L, s)
+        params = random_params(jax.random.key(0), L, s["width"], s["hidden"])
 
         def forward(p, x):
-            return _plain_encoder(p, x, s["heads"])
+            return plain_encoder(p, x, s["heads"])
 
     opt = optax.adam(1e-3)
 
