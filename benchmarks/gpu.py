@@ -79,7 +79,8 @@ def make_model(key, s: dict) -> TokenModel:
 
 
 def with_impl(model: TokenModel, impl: str, block_size: int) -> TokenModel:
-    ide = dataclasses.replace(model.ide, attention_impl=impl, block_size=block_size)
+    core = itde.Blocked(block_size) if impl == "blocked" else itde.ATTENTION_CORES[impl]()
+    ide = dataclasses.replace(model.ide, attention_core=core)
     return eqx.tree_at(lambda m: m.ide, model, ide)
 
 

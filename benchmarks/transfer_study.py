@@ -95,9 +95,9 @@ def get_model(cfg: TrainExperiment, out: Path, reuse: bool):
             return model, {"reused": True, "wall_s": meta.get("wall_s")}
     log(f"training {out.name}: {cfg.model.scheme} dt={cfg.model.dt}, {cfg.optim.steps} steps")
     s = train(cfg, out=out, overwrite=True, progress=False)
-    m = {k: v for k, v in s["metrics"].items() if k not in ("lr",)}
+    m = {k: v for k, v in s.metrics.items() if k not in ("lr",)}
     log(f"trained {out.name} in {s['wall_s']:.1f} s: {json.dumps(m)}")
-    return s["model"], {"reused": False, "wall_s": s["wall_s"], "final": m}
+    return s.model, {"reused": False, "wall_s": s.wall_s, "final": m}
 
 
 def check_steps(layers: int, dt: float) -> None:

@@ -17,10 +17,17 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._abstract import (  # noqa: F401
         AbstractEquation,
     )
+    from ._blocks import (  # noqa: F401
+        AbstractBlockForm,
+        Parallel,
+        PostNorm,
+        PreNorm,
+    )
     from ._config import (  # noqa: F401
         ConfigError,
     )
     from ._controls import (  # noqa: F401
+        AbstractBlock,
         AbstractControls,
         Block,
         LegendreControls,
@@ -39,6 +46,7 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         Attention,
     )
     from ._operators._bias import (  # noqa: F401
+        AbstractPositionBias,
         AbstractScoreBias,
         ALiBi,
         DiscreteBias,
@@ -50,6 +58,12 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         blocked_attention,
         dense_attention,
         fused_attention,
+    )
+    from ._operators._cores import (  # noqa: F401
+        AbstractAttentionCore,
+        Blocked,
+        Dense,
+        Fused,
     )
     from ._operators._feedforward import (  # noqa: F401
         FeedForward,
@@ -90,12 +104,16 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     )
     from ._registry import (  # noqa: F401
         ACTIVATIONS,
-        ATTENTION_IMPLS,
+        ATTENTION_CORES,
         BLOCK_FORMS,
         FFN_FORMS,
+        NORMS,
         SCHEMES,
         TERMS_KINDS,
         Scheme,
+    )
+    from ._roles import (  # noqa: F401
+        parameter_roles,
     )
     from ._solve import (  # noqa: F401
         solve,
@@ -122,7 +140,19 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
 
 _EXPORTS = {
     "ACTIVATIONS": "._registry",
-    "ATTENTION_IMPLS": "._registry",
+    "ATTENTION_CORES": "._registry",
+    "NORMS": "._registry",
+    "AbstractBlockForm": "._blocks",
+    "PostNorm": "._blocks",
+    "PreNorm": "._blocks",
+    "Parallel": "._blocks",
+    "AbstractBlock": "._controls",
+    "AbstractAttentionCore": "._operators._cores",
+    "Dense": "._operators._cores",
+    "Blocked": "._operators._cores",
+    "Fused": "._operators._cores",
+    "AbstractPositionBias": "._operators._bias",
+    "parameter_roles": "._roles",
     "AbstractControls": "._controls",
     "AbstractEquation": "._abstract",
     "ConfigError": "._config",
@@ -205,7 +235,19 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ACTIVATIONS",
-    "ATTENTION_IMPLS",
+    "ATTENTION_CORES",
+    "NORMS",
+    "AbstractBlockForm",
+    "PostNorm",
+    "PreNorm",
+    "Parallel",
+    "AbstractBlock",
+    "AbstractAttentionCore",
+    "Dense",
+    "Blocked",
+    "Fused",
+    "AbstractPositionBias",
+    "parameter_roles",
     "AbstractControls",
     "AbstractEquation",
     "ConfigError",

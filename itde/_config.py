@@ -172,7 +172,7 @@ class ModelConfig:
         for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
             positive(f"model.{name}", getattr(self, name))
         choices("model.activation", self.activation, ACTIVATIONS)
-        choices("model.ffn_form", self.ffn_form, FFN_FORMS)
+        choices("model.ffn_form", self.ffn_form, tuple(FFN_FORMS))
         seed("model.seed", self.seed)
         if self.n_features % self.n_heads:
             raise ConfigError(

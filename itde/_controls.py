@@ -18,24 +18,42 @@ from ._operators._layernorm import LayerNormProjection
 from ._operators._rmsnorm import RMSNormProjection
 from ._polynomials import legendre
 
-#: The normalisations a block can hold (`Block.init(norm=...)`).
-NORMS: tuple[str, ...] = ("layer", "rms")
+#: The normalisations by name, for configs, the CLI and `Block.init(norm=...)`.
+NORMS: dict[str, type[AbstractNorm]] = {
+    "layer": LayerNormProjection,
+    "rms": RMSNormProjection,
+}
 
 
-class Block(eqx.Module):
-    r"""The controls of one layer: attention kernels, the two normalisations and the
-    feed-forward kernels, $\theta_n = \{W^Q, W^K, W^V, W^O, S_1^{(1)}, W_1, b_1, W_2, b_2,
+def as_norm_class(norm) -> type[AbstractNorm]:
+    """A norm class from a class or a name of `NORMS` (the edge where a config's string
+    becomes a module)."""
+    if isinstance(norm, type) and issubclass(norm, AbstractNorm):
+        return norm
+    if isinstance(norm, str) and norm in NORMS:
+        return NORMS[norm]
+    raise ValueError(
+        f"`norm`={norm!r} is not known; give a norm class (e.g. itde.RMSNormProjection) or "
+        f"one of the names {list(NORMS)}."
+    )
+
+
+class AbstractBlock(eqx.Module):
+    r"""The controls of one layer: an attention operator, the two normalisations and a
+    feed-forward operator, $\theta_n = \{W^Q, W^K, W^V, W^O, S_1^{(1)}, W_1, b_1, W_2, b_2,
     S_1^{(2)}\}$.
 
     `norm1` is the normalisation that goes with the attention sub-flow and `norm2` the one
     that goes with the feed-forward: constraints after them in a post-norm equation, maps
     before them in a pre-norm one (see [`TransformerIDE`][itde.TransformerIDE]'s `block`).
+    [`Block`][itde.Block] holds discrete kernels (matrices on one grid),
+    [`FunctionBlock`][itde.FunctionBlock] kernel functions (any grid).
     """
 
-    attention: AbstractAttention
-    norm1: AbstractNorm
-    feedforward: AbstractFeedForward
-    norm2: AbstractNorm
+    attention: eqx.AbstractVar[AbstractAttention]
+    norm1: eqx.AbstractVar[AbstractNorm]
+    feedforward: eqx.AbstractVar[AbstractFeedForward]
+    norm2: eqx.AbstractVar[AbstractNorm]
 
     def __check_init__(self):
         for name, base, what in (
@@ -47,8 +65,19 @@ class Block(eqx.Module):
         ):  # fmt: skip
             if not isinstance(getattr(self, name), base):
                 raise TypeError(
-                    f"`Block.{name}` must be an {what}, got {type(getattr(self, name)).__name__}."
+                    f"`{type(self).__name__}.{name}` must be an {what}, got "
+                    f"{type(getattr(self, name)).__name__}."
                 )
+
+
+class Block(AbstractBlock):
+    r"""The discrete controls of one layer: kernels that are matrices on one grid's nodes
+    (what a trained Transformer has)."""
+
+    attention: AbstractAttention
+    norm1: AbstractNorm
+    feedforward: AbstractFeedForward
+    norm2: AbstractNorm
 
     @classmethod
     def init(
@@ -61,7 +90,7 @@ class Block(eqx.Module):
         activation: str = "relu",
         eps: float = 1e-5,
         bias: bool = True,
-        norm: str = "layer",
+        norm: type[AbstractNorm] | str = "layer",
         gated: bool = False,
         n_kv_heads: int | None = None,
         head_dim: int | None = None,
@@ -69,8 +98,9 @@ class Block(eqx.Module):
     ) -> Block:
         """Random discrete controls for one layer (PyTorch's default initialisation).
 
-        `norm`: `"layer"` ([`LayerNormProjection`][itde.LayerNormProjection], with a
-        shift when `bias`) or `"rms"` ([`RMSNormProjection`][itde.RMSNormProjection]);
+        `norm`: a norm class or its name in `itde.NORMS`, identity-initialised
+        (`"layer"`: [`LayerNormProjection`][itde.LayerNormProjection], with a shift when
+        `bias`; `"rms"`: [`RMSNormProjection`][itde.RMSNormProjection]);
         `gated`: a [`GatedFeedForward`][itde.GatedFeedForward] (SwiGLU with
         `activation="silu"`); `n_kv_heads`, `head_dim`: see
         [`Attention.init`][itde.Attention.init]."""
@@ -79,19 +109,13 @@ class Block(eqx.Module):
         check_int("n_hidden", n_hidden, minimum=1)
         check_bool("bias", bias)
         check_bool("gated", gated)
-        if norm not in NORMS:
-            raise ValueError(f"`norm`={norm!r} is not known; choose one of {list(NORMS)}.")
+        norm_cls = as_norm_class(norm)
         dtype = check_dtype("dtype", dtype)
         check_key("key", key)
         ka, kf = jax.random.split(key)
 
         def make_norm():
-            ones, zeros = jnp.ones((n_features,), dtype), jnp.zeros((n_features,), dtype)
-            if norm == "rms":
-                return RMSNormProjection(jnp.ones((), dtype), ones, eps)
-            return LayerNormProjection(
-                jnp.zeros((), dtype), jnp.ones((), dtype), ones, zeros if bias else None, eps
-            )
+            return norm_cls.identity(n_features, eps=eps, bias=bias, dtype=dtype)
 
         ff_cls = GatedFeedForward if gated else FeedForward
         return cls(
@@ -113,7 +137,7 @@ def _n_features(block) -> int | None:
 BLOCK_PARTS = ("attention", "norm1", "feedforward", "norm2")
 
 
-def _part(block: Block, part: str | None):
+def _part(block: AbstractBlock, part: str | None):
     """The whole block, or one of its four operators."""
     if part is None:
         return block
@@ -122,7 +146,7 @@ def _part(block: Block, part: str | None):
     return getattr(block, part)
 
 
-def stack(blocks: list[Block]) -> Block:
+def stack(blocks: list[AbstractBlock]) -> AbstractBlock:
     """Stack per-layer controls along a new leading (depth) axis."""
     blocks = list(blocks)
     if not blocks:
@@ -177,14 +201,14 @@ class AbstractControls(eqx.Module):
         """The depth up to which the controls are defined."""
 
     @abc.abstractmethod
-    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> AbstractBlock:
         """The controls at depth `t`; at a jump, `side` picks the one-sided limit. `part`
         (`"attention"`, `"norm1"`, `"feedforward"` or `"norm2"`): only that operator of
         the block, the others not evaluated (a vector field reads one or two of them)."""
 
     @property
     @abc.abstractmethod
-    def blocks(self) -> Block:
+    def blocks(self) -> AbstractBlock:
         """The stored blocks (leading axis: layers or modes)."""
 
     @property
@@ -230,7 +254,7 @@ def _check_blocks(name: str, blocks) -> None:
         )
 
 
-def _unstack(values: Block) -> list[Block]:
+def _unstack(values: AbstractBlock) -> list[AbstractBlock]:
     n = int(jax.tree.leaves(values)[0].shape[0])
     return [jax.tree.map(lambda a: a[i], values) for i in range(n)]
 
@@ -252,7 +276,7 @@ class PiecewiseConstant(AbstractControls):
     - `layer_length`: the depth length $h$ of each layer (1 for the standard Transformer).
     """
 
-    values: Block
+    values: AbstractBlock
     t0: float = eqx.field(static=True, default=0.0)
     layer_length: float = eqx.field(static=True, default=1.0)
 
@@ -266,7 +290,7 @@ class PiecewiseConstant(AbstractControls):
             raise ValueError(f"`layer_length`={self.layer_length} must be > 0, e.g. 1.0.")
 
     @property
-    def blocks(self) -> Block:
+    def blocks(self) -> AbstractBlock:
         return self.values
 
     @property
@@ -300,7 +324,7 @@ class PiecewiseConstant(AbstractControls):
         i = jnp.floor(s) if side == "right" else jnp.ceil(s) - 1
         return jnp.clip(i, 0, self.n_layers - 1).astype(jnp.int32)
 
-    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> AbstractBlock:
         i = self.index(t, side)
         # lax's own dynamic index: `a[i]` goes through jnp's indexing rewrite, which costs
         # milliseconds of tracing per leaf and per evaluation
@@ -309,7 +333,7 @@ class PiecewiseConstant(AbstractControls):
             _part(self.values, part),
         )
 
-    def layer(self, n: int) -> Block:
+    def layer(self, n: int) -> AbstractBlock:
         """The controls of layer `n` (0-based)."""
         n = check_int("n", n, minimum=0)
         if n >= self.n_layers:
@@ -334,7 +358,7 @@ class LegendreControls(AbstractControls):
     - `t0`, `t1`: the depth interval on which the series is defined.
     """
 
-    coeffs: Block
+    coeffs: AbstractBlock
     t0: float = eqx.field(static=True, default=0.0)
     t1: float = eqx.field(static=True, default=1.0)
 
@@ -344,7 +368,7 @@ class LegendreControls(AbstractControls):
             raise ValueError(f"`LegendreControls`: need t1 > t0, got t0={self.t0}, t1={self.t1}.")
 
     @property
-    def blocks(self) -> Block:
+    def blocks(self) -> AbstractBlock:
         return self.coeffs
 
     @property
@@ -356,7 +380,7 @@ class LegendreControls(AbstractControls):
         """The whole interval in one step (name a `dt0` to refine)."""
         return self.t1 - self.t0
 
-    def __call__(self, t, side: str = "right", part: str | None = None) -> Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> AbstractBlock:
         del side  # continuous in t: both one-sided limits agree
         # the series is summed in float32 or wider whatever the parameters' dtype: in
         # bfloat16 the depth itself (and P_c) would carry a relative error of 4e-3
@@ -428,9 +452,8 @@ class LegendreControls(AbstractControls):
             v = jnp.zeros((n_modes,), jax.tree.leaves(coeffs.attention)[0].dtype)
             return v.at[: min(len(vals), n_modes)].set(jnp.asarray(vals[:n_modes], v.dtype))
 
-        if block_kwargs.get("norm", "layer") == "rms":  # the sphere of radius sigma2(t)
-            norm = RMSNormProjection(sig(sigma2), None, 0.0)
-        else:
-            norm = LayerNormProjection(sig(sigma1), sig(sigma2), None, None, 0.0)
+        # the exact set of the block's norm class, moving as the series sigma1, sigma2
+        # (for the sphere of RMSNorm: radius sigma2(t))
+        norm = as_norm_class(block_kwargs.get("norm", "layer")).exact(sig(sigma1), sig(sigma2))
         coeffs = eqx.tree_at(lambda b: (b.norm1, b.norm2), coeffs, (norm, norm))
         return cls(coeffs, 0.0, float(t1))

@@ -20,16 +20,18 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from itde_solvers import ProjectionTerm, SplitTerm
 
 from ._abstract import AbstractEquation
-from ._checks import check_bool, check_choice, check_int, check_key
+from ._blocks import AbstractBlockForm, PostNorm, as_block_form
+from ._checks import check_bool, check_key
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._abstract import AbstractNorm
 from ._operators._attention import check_heads
-from ._operators._bias import AbstractScoreBias, DiscreteBias
+from ._operators._bias import AbstractScoreBias
+from ._operators._cores import AbstractAttentionCore, Dense, as_attention_core
 from ._operators._feedforward import check_activation
+from ._operators._mask import key_mask
 from ._operators._rope import Rope
 from ._quadrature._rules import AbstractQuadrature, Grid
-from ._registry import ATTENTION_IMPLS, BLOCK_FORMS, FFN_FORMS, TERMS_KINDS
-from ._solve import solve
+from ._solve import TERMS_KINDS, solve
 
 
 def _batched(flow):
@@ -45,36 +47,6 @@ def _batched(flow):
         return jax.vmap(lambda v, a: f(t, v, a), in_axes=axes)(u, args)
 
     return diffrax.ODETerm(field)
-
-
-def key_mask(mask, n_tokens: int, name: str = "mask"):
-    """A key mask as booleans `[n_tokens]` (or `[batch, n_tokens]`): True on real tokens.
-
-    Accepts booleans and integer 0/1 masks (Hugging Face's `attention_mask`); names the
-    argument, the shape and the dtype it got otherwise."""
-    if mask is None:
-        return None
-    if type(mask).__module__.startswith("torch"):
-        raise TypeError(
-            f"`{name}` is a torch tensor; convert it first: "
-            f"`jnp.asarray({name}.detach().cpu().numpy())`."
-        )
-    mask = jnp.asarray(mask)
-    if mask.shape[-1:] != (n_tokens,):
-        raise ValueError(
-            f"`{name}` must have one entry per token, shape [..., {n_tokens}] for a sequence of "
-            f"{n_tokens} tokens, got shape {mask.shape}."
-        )
-    if mask.dtype == jnp.bool_:
-        return mask
-    if not jnp.issubdtype(mask.dtype, jnp.integer):
-        raise TypeError(
-            f"`{name}` must be boolean (True on real tokens, False on padding) or integer "
-            f"0/1, got dtype {mask.dtype}."
-        )
-    if not isinstance(mask, jax.core.Tracer) and not bool(jnp.all((mask == 0) | (mask == 1))):
-        raise ValueError(f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values.")
-    return mask != 0
 
 
 def _unit_or(weights: np.ndarray) -> np.ndarray | None:
@@ -94,20 +66,19 @@ class TransformerIDE(AbstractEquation):
     a post-LN Transformer encoder (`nn.TransformerEncoderLayer(norm_first=False)`).
     Batch with `jax.vmap(model)` or [`batch`][itde.TransformerIDE.batch].
 
-    **The family** (`block`):
+    **The family** (`block`, a block form module):
 
-    - `"post_norm"` (the paper; BERT, the 2017 Transformer): the normalisations are
-      projections onto constraint sets, sub-flows of their own:
+    - [`PostNorm()`][itde.PostNorm] (the paper; BERT, the 2017 Transformer): the
+      normalisations are projections onto constraint sets, sub-flows of their own:
       $u_t = A(u) + \partial I_{S^{(1)}}(u) + F(u) + \partial I_{S^{(2)}}(u)$.
-    - `"pre_norm"` (GPT-2, Llama, ViT, `norm_first=True`): the normalisations are maps
-      inside the operators, not constraints on the state,
-      $$u_t = A(N_1 u) + F(N_2 u),$$
-      an ODE with no constraint. Lie splitting with Euler sub-steps and $\Delta t = 1$ is
-      the pre-norm block $u \mapsto v + F(N_2 v)$, $v = u + A(N_1 u)$; the final norm
-      (`final_norm`, GPT-2's `ln_f`) is the output map. Its continuum limit is integrated
-      by any diffrax solver directly.
-    - `"parallel"` (GPT-J, PaLM): the same field $A(N_1 u) + F(N_2 u)$ taken as one
-      sub-flow; one Euler step with $\Delta t = 1$ is the parallel block
+    - [`PreNorm()`][itde.PreNorm] (GPT-2, Llama, ViT, `norm_first=True`): the
+      normalisations are maps inside the operators, not constraints on the state,
+      $u_t = A(N_1 u) + F(N_2 u)$, an ODE with no constraint. Lie splitting with Euler
+      sub-steps and $\Delta t = 1$ is the pre-norm block $u \mapsto v + F(N_2 v)$,
+      $v = u + A(N_1 u)$; the final norm (`final_norm`, GPT-2's `ln_f`) is the output
+      map. Its continuum limit is integrated by any diffrax solver directly.
+    - [`Parallel()`][itde.Parallel] (GPT-J, PaLM): the same field $A(N_1 u) + F(N_2 u)$
+      taken as one sub-flow; one Euler step with $\Delta t = 1$ is the parallel block
       $u + A(N_1 u) + F(N_2 u)$ (GPT-J shares one norm: $N_1 = N_2$).
 
     The normalisations are [`LayerNormProjection`][itde.LayerNormProjection] or
@@ -128,14 +99,14 @@ class TransformerIDE(AbstractEquation):
       discrete Transformer) or `LegendreControls` (smooth in depth).
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
-    - `block`: `"post_norm"` (default), `"pre_norm"` or `"parallel"` (see above).
+    - `block`: the block form (see above): `PostNorm()` (default), `PostNorm(relaxation=
+      True)` (the paper's relaxation $u_5 = \tfrac12(u_4 + u_2)$, $u_4 = F(u_2)$, instead
+      of $u_5 = u_2 + F(u_2)$: the same block when $\varepsilon = 0$, slightly different
+      when $\varepsilon > 0$), `PreNorm()` or `Parallel()`; a name of `itde.BLOCK_FORMS`
+      is turned into its module.
     - `causal`: Volterra (decoder) attention, integrating over $\tilde x \le x$: on the
       unit grid the Transformer's masked sum; on any other 1-D rule its partial-interval
       weights ([`volterra_weights`][itde.volterra_weights]: order 2, 4 or geometric).
-    - `ffn_form`: `"residual"` — the feed-forward sub-flow is an Euler step of $F$,
-      $u_5 = u_2 + F(u_2)$ (PyTorch's block for any $\varepsilon$) — or `"relaxation"`,
-      the paper's $u_5 = \tfrac12(u_4 + u_2)$ with $u_4 = F(u_2)$ (the same block when
-      $\varepsilon = 0$, slightly different when $\varepsilon > 0$).
     - `final_norm`: an optional normalisation applied after the solve
       (`nn.TransformerEncoder(norm=...)`, GPT-2's `ln_f`, Llama's `norm`).
     - `rope`: rotary position embedding ([`Rope`][itde.Rope]): queries and keys rotated by
@@ -145,9 +116,11 @@ class TransformerIDE(AbstractEquation):
       of the token positions ([`ALiBi`][itde.ALiBi], [`T5RelativeBias`][itde.T5RelativeBias])
       sampled at the grid's token nodes at every evaluation, or a fixed
       [`DiscreteBias`][itde.DiscreteBias] `[heads, N, N]` (one token count only).
-    - `attention_impl`: `"dense"`, `"blocked"` (token blocks of `block_size`, memory
-      linear in the number of tokens, same result to round-off) or `"fused"`
-      (`jax.nn.dot_product_attention`; float32 softmax).
+    - `attention_core`: how attention's token quadrature is evaluated:
+      [`Dense()`][itde.Dense] (default), [`Blocked(block_size)`][itde.Blocked] (token
+      blocks, memory linear in the number of tokens, same result to round-off) or
+      [`Fused()`][itde.Fused] (`jax.nn.dot_product_attention`; float32 softmax); a name
+      of `itde.ATTENTION_CORES` is turned into its module.
     - `batch_axis`: where [`batch`][] finds the batch in its input: 0 for
       `[batch, tokens, features]` (the default), 1 for PyTorch's `batch_first=False`
       layout `[tokens, batch, features]` (set by `from_torch` from the module it
@@ -163,14 +136,14 @@ class TransformerIDE(AbstractEquation):
     controls: AbstractControls
     grid: Grid
     causal: bool = eqx.field(static=True, default=False)
-    ffn_form: str = eqx.field(static=True, default="residual")
+    block: AbstractBlockForm = eqx.field(default=PostNorm(), converter=as_block_form)
     final_norm: AbstractNorm | None = None
-    attention_impl: str = eqx.field(static=True, default="dense")
-    block_size: int = eqx.field(static=True, default=512)
+    attention_core: AbstractAttentionCore = eqx.field(
+        default=Dense(), converter=as_attention_core
+    )
     batch_axis: int = eqx.field(static=True, default=0)
-    block: str = eqx.field(static=True, default="post_norm")
     rope: Rope | None = None
-    score_bias: AbstractScoreBias | DiscreteBias | None = None
+    score_bias: AbstractScoreBias | None = None
 
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
@@ -181,25 +154,25 @@ class TransformerIDE(AbstractEquation):
         if not isinstance(self.grid, Grid):
             raise TypeError(f"`grid` must be an itde.Grid, got {type(self.grid).__name__}.")
         check_bool("causal", self.causal)
-        check_choice("ffn_form", self.ffn_form, FFN_FORMS)
-        check_choice("block", self.block, BLOCK_FORMS)
-        if self.ffn_form != "residual" and self.block != "post_norm":
-            raise ValueError(
-                f"`ffn_form`={self.ffn_form!r} is a form of the post-norm block's feed-forward "
-                f"substep; a `block`={self.block!r} model needs ffn_form='residual'."
-            )
         if self.score_bias is not None:
-            if not isinstance(self.score_bias, (AbstractScoreBias, DiscreteBias)):
+            if not isinstance(self.score_bias, AbstractScoreBias):
                 raise TypeError(
                     "`score_bias` must be an itde.ALiBi, itde.T5RelativeBias, "
                     f"itde.DiscreteBias or None, got {type(self.score_bias).__name__}."
                 )
-            if isinstance(self.score_bias, AbstractScoreBias) and not isinstance(
+            if self.score_bias.needs_positions and not isinstance(
                 self.grid.tokens, AbstractQuadrature
             ):
                 raise ValueError(
                     "a position `score_bias` needs a 1-D token rule (e.g. Midpoint()); this "
                     f"grid's token domain is {type(self.grid.tokens).__name__}."
+                )
+            heads = getattr(self.controls.blocks.attention, "n_heads", None)
+            if heads is not None and self.score_bias.n_heads not in (1, heads):
+                raise ValueError(
+                    f"`score_bias` has values for {self.score_bias.n_heads} heads but the "
+                    f"attention has {heads}; give a bias with {heads} heads (e.g. "
+                    f"ALiBi.init({heads}))."
                 )
         if self.rope is not None:
             if not isinstance(self.rope, Rope):
@@ -209,8 +182,6 @@ class TransformerIDE(AbstractEquation):
                     "`rope` rotates by a 1-D token position; this grid's token domain is "
                     f"{type(self.grid.tokens).__name__}. Use a 1-D token rule (e.g. Midpoint())."
                 )
-        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        check_int("block_size", self.block_size, minimum=1)
         if self.batch_axis not in (0, 1) or isinstance(self.batch_axis, bool):
             raise ValueError(
                 f"`batch_axis`={self.batch_axis!r} must be 0 ([batch, tokens, features]) or 1 "
@@ -242,10 +213,9 @@ class TransformerIDE(AbstractEquation):
         eps: float = 1e-5,
         bias: bool = True,
         causal: bool = False,
-        ffn_form: str = "residual",
         grid: Grid | None = None,
-        block: str = "post_norm",
-        norm: str = "layer",
+        block: AbstractBlockForm | str = "post_norm",
+        norm: type[AbstractNorm] | str = "layer",
         gated: bool = False,
         n_kv_heads: int | None = None,
         head_dim: int | None = None,
@@ -256,14 +226,16 @@ class TransformerIDE(AbstractEquation):
         """A model with random discrete per-layer controls (PyTorch's initialisation).
 
         `n_hidden` defaults to `4 * n_features`; `grid` to the unit grid. The family:
-        `block` (`"post_norm"`, `"pre_norm"`, `"parallel"`), `norm` (`"layer"`, `"rms"`),
+        `block` (a block form, e.g. `itde.PreNorm()`, or its name `"post_norm"`,
+        `"pre_norm"`, `"parallel"`), `norm` (a norm class, e.g. `itde.RMSNormProjection`,
+        or its name `"layer"`, `"rms"`),
         `gated` (SwiGLU/GeGLU feed-forward), `n_kv_heads` (grouped-query attention),
         `head_dim`, `rope_base` (rotary positions with that base, e.g. 10000.0; None: no
         RoPE), `final_norm` (a final normalisation of the same kind, identity-initialised).
-        For example a small Llama: `block="pre_norm", norm="rms", gated=True,
+        For example a small Llama: `block=itde.PreNorm(), norm="rms", gated=True,
         activation="silu", bias=False, rope_base=10000.0, final_norm=True, causal=True`.
         """
-        check_choice("block", block, BLOCK_FORMS)
+        block = as_block_form(block)
         check_bool("final_norm", final_norm)
         if head_dim is None:
             check_heads(n_features, n_heads)
@@ -300,7 +272,6 @@ class TransformerIDE(AbstractEquation):
             PiecewiseConstant(stack(blocks)),
             grid if grid is not None else Grid.unit(n_features),
             causal=causal,
-            ffn_form=ffn_form,
             final_norm=blocks[0].norm2 if final_norm else None,
             block=block,
             rope=rope,
@@ -320,10 +291,12 @@ class TransformerIDE(AbstractEquation):
     def has_constraint(self) -> bool:
         """Post-norm equations live on the constraint set of their normalisation; pre-norm
         and parallel ones are unconstrained ODEs (any diffrax solver applies directly)."""
-        return self.block == "post_norm"
+        return self.block.has_constraint
 
     # ----------------------------------------------------------------- the operators
-    def _feature_weights(self):
+    def feature_weights(self) -> np.ndarray | None:
+        """The feature quadrature weights, or None when every weight is 1 (the unit grid:
+        the multiplications are skipped)."""
         return _unit_or(self.grid.feature_weights())
 
     def _rotary(self, u):
@@ -333,24 +306,17 @@ class TransformerIDE(AbstractEquation):
         return self.rope.cos_sin(x, u.dtype)
 
     def _score_bias(self, u):
-        b = self.score_bias
-        if b is None or isinstance(b, DiscreteBias):
-            if b is not None and b.matrix.shape[-1] != u.shape[0]:
-                raise ValueError(
-                    f"`score_bias` is a DiscreteBias for {b.matrix.shape[-1]} tokens, but the "
-                    f"state has {u.shape[0]}; use a position bias (ALiBi, T5RelativeBias) to "
-                    "run at any token count."
-                )
-            return b
+        if self.score_bias is None:
+            return None
         x, _ = self.grid.tokens.nodes_weights(u.shape[0])
-        return b.on_nodes(x)
+        return self.score_bias.on_nodes(x)
 
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t` ($A(N_1 u)$ for pre-norm and parallel
         blocks). `args` is the key mask (`[tokens]` booleans) or None."""
         att, head_weights = self.controls(t, "right", "attention").discretise(self.grid)
-        fw = self._feature_weights()
-        v = u if self.block == "post_norm" else self.controls(t, "right", "norm1")(u, fw)
+        fw = self.feature_weights()
+        v = self.block.attention_input(self, t, u)
         lw = self.grid.token_log_weights(u.shape[0], u.dtype)
         causal, volterra = self.causal, dict()
         cw = self.grid.causal_weights(u.shape[0]) if self.causal else None
@@ -363,8 +329,7 @@ class TransformerIDE(AbstractEquation):
             head_weights=head_weights,
             token_log_weights=lw,
             causal=causal,
-            impl=self.attention_impl,
-            block_size=self.block_size,
+            core=self.attention_core,
             key_mask=args,
             rotary=self._rotary(u),
             score_bias=self._score_bias(u),
@@ -375,12 +340,9 @@ class TransformerIDE(AbstractEquation):
         """The vector field $F(u)$ at depth `t` ($F(N_2 u)$ for pre-norm and parallel
         blocks; $\\tfrac12(F(u) - u)$ in the post-norm relaxation form)."""
         ff, hidden_weights = self.controls(t, "right", "feedforward").discretise(self.grid)
-        fw = self._feature_weights()
-        v = u if self.block == "post_norm" else self.controls(t, "right", "norm2")(u, fw)
-        f = ff(v, feature_weights=fw, hidden_weights=hidden_weights)
-        if self.ffn_form == "relaxation":
-            return 0.5 * (f - u)
-        return f
+        v = self.block.feedforward_input(self, t, u)
+        f = ff(v, feature_weights=self.feature_weights(), hidden_weights=hidden_weights)
+        return self.block.feedforward_output(f, u)
 
     def field(self, t, u, args=None):
         """The whole unconstrained right-hand side $A(N_1 u) + F(N_2 u)$ of a pre-norm or
@@ -389,18 +351,18 @@ class TransformerIDE(AbstractEquation):
 
     def project1(self, t, u):
         """Projection onto the first constraint set of the layer acting at `t`."""
-        return self.controls(t, "left", "norm1")(u, self._feature_weights())
+        return self.controls(t, "left", "norm1")(u, self.feature_weights())
 
     def project2(self, t, u):
         """Projection onto the second constraint set of the layer acting at `t`."""
-        return self.controls(t, "left", "norm2")(u, self._feature_weights())
+        return self.controls(t, "left", "norm2")(u, self.feature_weights())
 
     # ------------------------------------------------------------- continuum limit
     def constraint(self, t) -> AbstractNorm:
         r"""The constraint set of the continuum post-norm equation at `t` (the second
         normalisation's set: the one every layer's output lies on), e.g.
         $S_1(\sigma_1(t), \sigma_2(t))$."""
-        if self.block != "post_norm":
+        if not self.block.has_constraint:
             raise ValueError(
                 f"a `block`={self.block!r} equation has no constraint set: its normalisations "
                 "are maps inside the operators, and its continuum is an unconstrained ODE."
@@ -408,27 +370,27 @@ class TransformerIDE(AbstractEquation):
         norm = self.controls(t, "left", "norm2")
         if not norm.is_exact:
             gain = "set" if norm.gain is not None else None
-            shift = "set" if getattr(norm, "shift", None) is not None else None
+            shift = "set" if norm.shift is not None else None
             raise ValueError(
                 "the continuum (tangent) form of a post-norm equation needs the exact "
                 f"projection onto its constraint set: {type(norm).__name__} with eps=0 and no "
                 f"per-feature gain/shift, got eps={norm.eps}, gain={gain}, shift={shift}. Use "
                 "LegendreControls.init(...) (smooth controls with exact projections), or a "
-                "block='pre_norm' model, whose continuum needs no constraint."
+                "block=itde.PreNorm() model, whose continuum needs no constraint."
             )
         return norm
 
     def project(self, t, u):
         """Exact projection onto the continuum constraint set at `t` (the identity for
         pre-norm and parallel equations, which have none)."""
-        if self.block != "post_norm":
+        if not self.block.has_constraint:
             return u
-        return self.constraint(t)(u, self._feature_weights())
+        return self.constraint(t)(u, self.feature_weights())
 
     def _tangent(self, t, u, w, drift: bool):
         r"""$P_T(u) w$ plus, with `drift`, the motion of the constraint set (for
         $S_1$: $P_T(z) w + \sigma_1'(t) + \sigma_2'(t) z$, $z = (u - \sigma_1)/\sigma_2$)."""
-        fw = self._feature_weights()
+        fw = self.feature_weights()
         norm = self.constraint(t)
         out = norm.tangent(u, w, fw)
         if drift:
@@ -475,32 +437,8 @@ class TransformerIDE(AbstractEquation):
         Euler step with $\Delta t = 1$: the parallel block), `"split"` the two fields.
         """
         if kind not in TERMS_KINDS:
-            raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
-        if self.block != "post_norm":
-            two = (diffrax.ODETerm(self.attention_field), diffrax.ODETerm(self.feedforward_field))
-            one = (diffrax.ODETerm(self.field),)
-            if kind == "split" or (kind == "paper" and self.block == "pre_norm"):
-                flows = two
-            else:
-                flows = one
-        elif kind == "paper":
-            flows = (
-                diffrax.ODETerm(self.attention_field),
-                ProjectionTerm(self.project1),
-                diffrax.ODETerm(self.feedforward_field),
-                ProjectionTerm(self.project2),
-            )
-        elif kind == "split":
-            flows = (
-                diffrax.ODETerm(self.attention_tangent),
-                ProjectionTerm(self.project),
-                diffrax.ODETerm(self.feedforward_tangent),
-                ProjectionTerm(self.project),
-            )
-        elif kind == "tangent":
-            flows = (diffrax.ODETerm(self.tangent_field), ProjectionTerm(self.project))
-        else:
-            raise ValueError(f"`kind`={kind!r} is not known; choose one of {TERMS_KINDS}.")
+            raise ValueError(f"`kind`={kind!r} is not known; choose one of {list(TERMS_KINDS)}.")
+        flows = getattr(self.block, f"{kind}_flows")(self)
         if batched:
             flows = tuple(_batched(f) for f in flows)
         return SplitTerm(flows)
@@ -549,7 +487,7 @@ class TransformerIDE(AbstractEquation):
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
-            u = self.final_norm(u, self._feature_weights())
+            u = self.final_norm(u, self.feature_weights())
         return u.astype(u0.dtype)
 
     def batch(
@@ -594,7 +532,7 @@ class TransformerIDE(AbstractEquation):
         assert sol.ys is not None
         u = sol.ys[-1]
         if self.final_norm is not None:
-            fw = self._feature_weights()
+            fw = self.feature_weights()
             u = jax.vmap(lambda v: self.final_norm(v, fw))(u)  # type: ignore[misc]
         return jnp.moveaxis(u.astype(u0.dtype), 0, self.batch_axis)
 

@@ -20,9 +20,23 @@ from itde_solvers import (
 from ._abstract import AbstractEquation
 from ._checks import check_bool, check_float, check_int
 from ._controls import PiecewiseConstant
-from ._registry import TERMS_KINDS
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
+
+#: The kinds of terms an equation gives a solver (see `TransformerIDE.terms`).
+TERMS_KINDS: tuple[str, ...] = ("paper", "split", "tangent")
+
+
+def terms_kind(solver: diffrax.AbstractSolver) -> str:
+    """The kind of terms a solver integrates by default: the paper's sub-flows for
+    `LieTrotter`, the tangent sub-flows for any other splitting solver, the whole tangent
+    field for any other solver (wrapped in `Projected` where the equation has a
+    constraint). The one place this choice is made."""
+    if isinstance(solver, LieTrotter):
+        return "paper"
+    if isinstance(solver, AbstractSplittingSolver):
+        return "split"
+    return "tangent"
 
 
 def fixed_steps(
@@ -133,72 +147,11 @@ def solve(
       `TransformerIDE`, the key mask (`[tokens]` booleans, False on padding; `[batch,
       tokens]` with `batched=True`), or None.
     """
-    if not isinstance(model, AbstractEquation):
-        raise TypeError(
-            f"`model` must be an itde.TransformerIDE (an itde equation), got "
-            f"{type(model).__name__}."
-        )
-    batched = check_bool("batched", batched)
-    if batched:
-        if type(u0).__module__.startswith("torch"):
-            model.check_state(u0, "u0")
-        if getattr(u0, "ndim", None) != 3:
-            raise ValueError(
-                f"`u0` with batched=True must be [batch, tokens, {model.n_features}], got "
-                f"shape {getattr(u0, 'shape', None)}."
-            )
-        if u0.shape[0] == 0:
-            raise ValueError("`u0` is an empty batch (shape[0] == 0); give at least one sequence.")
-        model.check_state(u0[0], "u0[i]")
-    else:
-        model.check_state(u0, "u0")
-    controls = model.controls
-    t0 = float(model.t0)
-    if t1 is None:
-        t1 = float(model.depth)
-    else:
-        t1 = check_float("t1", t1)
-        if t1 > model.depth + 1e-9 * max(1.0, abs(model.depth)):
-            raise ValueError(
-                f"`t1`={t1} is past the depth T={model.depth} up to which the model's "
-                f"controls are defined; give t1 <= {model.depth} (the default), or controls "
-                "that extend that far (more layers)."
-            )
-    if not t1 > t0:
-        raise ValueError(
-            f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, e.g. "
-            f"t1={model.depth}."
-        )
-    traced_dt0 = isinstance(dt0, jax.core.Tracer)
-    if dt0 is not None and not traced_dt0:
-        dt0 = check_float("dt0", dt0)
-        if not dt0 > 0:
-            raise ValueError(
-                f"`dt0`={dt0} must be a positive depth step, e.g. dt0=1.0 (one layer per "
-                "step) or dt0=0.1."
-            )
-    if max_steps is not None:
-        max_steps = check_int("max_steps", max_steps, minimum=1)
     solver = LieTrotter() if solver is None else solver
-    if model.has_constraint and not isinstance(solver, (AbstractSplittingSolver, Projected)):
-        raise TypeError(
-            f"`solver`={type(solver).__name__} would integrate the equation without its "
-            "projections onto S1; wrap it in a projection method, e.g. "
-            f"`itde_solvers.Projected(diffrax.{type(solver).__name__}())`, or use a "
-            "splitting solver (itde_solvers.LieTrotter, Strang, ParallelSplitting)."
-        )
-    for name, value, cls, example in (
-        ("saveat", saveat, diffrax.SaveAt, "diffrax.SaveAt(ts=...)"),
-        ("adjoint", adjoint, diffrax.AbstractAdjoint, "diffrax.DirectAdjoint()"),
-        ("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController,
-         "diffrax.PIDController(rtol=1e-6, atol=1e-6)"),
-        ("progress_meter", progress_meter, diffrax.AbstractProgressMeter,
-         "diffrax.TqdmProgressMeter()"),
-    ):  # fmt: skip
-        if value is not None and not isinstance(value, cls):
-            raise TypeError(
-                f"`{name}`={value!r} must be a diffrax.{cls.__name__}, e.g. `{example}`."
-            )
+    t0, t1, dt0, max_steps, batched = _check_arguments(
+        model, u0, t1, solver, dt0, max_steps, batched, saveat, adjoint, stepsize_controller,
+        progress_meter,
+    )  # fmt: skip
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     default_adjoint = adjoint is None
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
@@ -207,65 +160,15 @@ def solve(
             solver = solver.with_scan_kind("bounded")
         elif isinstance(adjoint, diffrax.ForwardMode):
             solver = solver.with_scan_kind("lax")
-    if terms is None:
-        if isinstance(solver, LieTrotter):
-            terms = "paper"
-        elif isinstance(solver, AbstractSplittingSolver):
-            terms = "split"
-        else:
-            terms = "tangent"
-    if isinstance(terms, str):
-        if terms not in TERMS_KINDS:
-            raise ValueError(f"`terms`={terms!r} is not known; choose one of {list(TERMS_KINDS)}.")
-        if terms in ("split", "tangent"):
-            # the continuum equation lives on S1(t): its solution starts from the
-            # projection of the initial condition, u(t0+) = P_{S1(t0)}(f)
-            if batched:
-                u0 = jax.vmap(lambda v: model.project(t0, v))(u0)
-            else:
-                u0 = model.project(t0, u0)
-        terms = model.terms(terms, batched=batched)
-    elif not isinstance(terms, SplitTerm):
-        raise TypeError(
-            f"`terms` must be a kind {list(TERMS_KINDS)} or an itde_solvers.SplitTerm, got "
-            f"{type(terms).__name__}."
-        )
+    terms, u0 = _choose_terms(model, u0, solver, terms, batched, t0)
     tdtype = _time_dtype(u0)
-    jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
-    if stepsize_controller is None:
-        if traced_dt0:
-            raise TypeError(
-                "a traced `dt0` needs `stepsize_controller=diffrax.ConstantStepSize()` (the "
-                "default fixed-step grid is built at trace time from a concrete dt0)."
-            )
-        dt = float(controls.default_step if dt0 is None else dt0)
-        _check_depth_step(controls, dt)
-        ts = fixed_steps(t0, t1, dt, jumps)
-        steps = len(ts) - 1 if max_steps is None else max_steps
-        if isinstance(adjoint, diffrax.BacksolveAdjoint):
-            # its backward solve reuses the controller in reverse, which StepTo forbids
-            if jumps:
-                _check_constant_steps(controls, dt, "BacksolveAdjoint takes constant steps")
-            controller, first_dt = diffrax.ConstantStepSize(), dt
-            steps += 1  # room for a round-off sliver at t1
-        else:
-            controller, first_dt = diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype)), None
-        if default_adjoint:
-            # a fixed number of steps: keep every step's state (memory n_steps states, no
-            # binomial recomputation of the forward)
-            adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=steps)
-    else:
-        controller = _respect_jumps(stepsize_controller, controls, jumps, t0, t1, dt0)
-        if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
-            r = controls.layer_length / dt0  # type: ignore[attr-defined]
-            u0 = eqx.error_if(
-                u0,
-                jnp.abs(r - jnp.round(r)) > 1e-6 * r,
-                "itde.solve: `dt0` does not divide the layers' depth length, so constant "
-                "steps would straddle layer boundaries; use a dt0 that divides it.",
-            )
-        first_dt = dt0
-        steps = 4096 if max_steps is None else max_steps
+    controller, first_dt, steps, checkpoints, u0 = _step_grid(
+        model.controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype
+    )
+    if default_adjoint and checkpoints is not None:
+        # a fixed number of steps: keep every step's state (memory n_steps states, no
+        # binomial recomputation of the forward)
+        adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
     u0 = eqx.error_if(
         u0,
         ~jnp.all(jnp.isfinite(u0)),
@@ -288,6 +191,137 @@ def solve(
         args=args,
         **kwargs,
     )
+
+
+def _check_arguments(
+    model, u0, t1, solver, dt0, max_steps, batched, saveat, adjoint, stepsize_controller,
+    progress_meter,
+):  # fmt: skip
+    """Trace-time checks of `solve`'s arguments, each error naming the argument and the fix.
+    Returns the checked `(t0, t1, dt0, max_steps, batched)`."""
+    if not isinstance(model, AbstractEquation):
+        raise TypeError(
+            f"`model` must be an itde.TransformerIDE (an itde equation), got "
+            f"{type(model).__name__}."
+        )
+    batched = check_bool("batched", batched)
+    if batched:
+        if type(u0).__module__.startswith("torch"):
+            model.check_state(u0, "u0")
+        if getattr(u0, "ndim", None) != 3:
+            raise ValueError(
+                f"`u0` with batched=True must be [batch, tokens, {model.n_features}], got "
+                f"shape {getattr(u0, 'shape', None)}."
+            )
+        if u0.shape[0] == 0:
+            raise ValueError("`u0` is an empty batch (shape[0] == 0); give at least one sequence.")
+        model.check_state(u0[0], "u0[i]")
+    else:
+        model.check_state(u0, "u0")
+    t0 = float(model.t0)
+    if t1 is None:
+        t1 = float(model.depth)
+    else:
+        t1 = check_float("t1", t1)
+        if t1 > model.depth + 1e-9 * max(1.0, abs(model.depth)):
+            raise ValueError(
+                f"`t1`={t1} is past the depth T={model.depth} up to which the model's "
+                f"controls are defined; give t1 <= {model.depth} (the default), or controls "
+                "that extend that far (more layers)."
+            )
+    if not t1 > t0:
+        raise ValueError(
+            f"`t1`={t1} must be finite and greater than t0={t0}; give the final depth, e.g. "
+            f"t1={model.depth}."
+        )
+    if dt0 is not None and not isinstance(dt0, jax.core.Tracer):
+        dt0 = check_float("dt0", dt0)
+        if not dt0 > 0:
+            raise ValueError(
+                f"`dt0`={dt0} must be a positive depth step, e.g. dt0=1.0 (one layer per "
+                "step) or dt0=0.1."
+            )
+    if max_steps is not None:
+        max_steps = check_int("max_steps", max_steps, minimum=1)
+    if model.has_constraint and not isinstance(solver, (AbstractSplittingSolver, Projected)):
+        raise TypeError(
+            f"`solver`={type(solver).__name__} would integrate the equation without its "
+            "projections onto S1; wrap it in a projection method, e.g. "
+            f"`itde_solvers.Projected(diffrax.{type(solver).__name__}())`, or use a "
+            "splitting solver (itde_solvers.LieTrotter, Strang, ParallelSplitting)."
+        )
+    for name, value, cls, example in (
+        ("saveat", saveat, diffrax.SaveAt, "diffrax.SaveAt(ts=...)"),
+        ("adjoint", adjoint, diffrax.AbstractAdjoint, "diffrax.DirectAdjoint()"),
+        ("stepsize_controller", stepsize_controller, diffrax.AbstractStepSizeController,
+         "diffrax.PIDController(rtol=1e-6, atol=1e-6)"),
+        ("progress_meter", progress_meter, diffrax.AbstractProgressMeter,
+         "diffrax.TqdmProgressMeter()"),
+    ):  # fmt: skip
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(
+                f"`{name}`={value!r} must be a diffrax.{cls.__name__}, e.g. `{example}`."
+            )
+    return t0, t1, dt0, max_steps, batched
+
+
+def _choose_terms(model, u0, solver, terms, batched, t0):
+    """The terms to integrate (a kind, by default the solver's `terms_kind`, or the
+    user's `SplitTerm`), and the initial state they start from."""
+    if terms is None:
+        terms = terms_kind(solver)
+    if isinstance(terms, str):
+        if terms not in TERMS_KINDS:
+            raise ValueError(f"`terms`={terms!r} is not known; choose one of {list(TERMS_KINDS)}.")
+        if terms != "paper":
+            # the continuum equation lives on S1(t): its solution starts from the
+            # projection of the initial condition, u(t0+) = P_{S1(t0)}(f)
+            if batched:
+                u0 = jax.vmap(lambda v: model.project(t0, v))(u0)
+            else:
+                u0 = model.project(t0, u0)
+        return model.terms(terms, batched=batched), u0
+    if not isinstance(terms, SplitTerm):
+        raise TypeError(
+            f"`terms` must be a kind {list(TERMS_KINDS)} or an itde_solvers.SplitTerm, got "
+            f"{type(terms).__name__}."
+        )
+    return terms, u0
+
+
+def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype):
+    """The step-size controller, first step and step budget of a solve, such that no step
+    straddles a jump of the controls. Returns `(controller, first_dt, max_steps,
+    checkpoints, u0)`: `checkpoints` is the exact step count of a fixed-step grid (None
+    for adaptive steps); `u0` may carry a run-time check of a traced `dt0`."""
+    traced_dt0 = isinstance(dt0, jax.core.Tracer)
+    jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
+    if stepsize_controller is not None:
+        controller = _respect_jumps(stepsize_controller, controls, jumps, t0, t1, dt0)
+        if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
+            r = controls.layer_length / dt0  # type: ignore[attr-defined]
+            u0 = eqx.error_if(
+                u0,
+                jnp.abs(r - jnp.round(r)) > 1e-6 * r,
+                "itde.solve: `dt0` does not divide the layers' depth length, so constant "
+                "steps would straddle layer boundaries; use a dt0 that divides it.",
+            )
+        return controller, dt0, 4096 if max_steps is None else max_steps, None, u0
+    if traced_dt0:
+        raise TypeError(
+            "a traced `dt0` needs `stepsize_controller=diffrax.ConstantStepSize()` (the "
+            "default fixed-step grid is built at trace time from a concrete dt0)."
+        )
+    dt = float(controls.default_step if dt0 is None else dt0)
+    _check_depth_step(controls, dt)
+    ts = fixed_steps(t0, t1, dt, jumps)
+    steps = len(ts) - 1 if max_steps is None else max_steps
+    if isinstance(adjoint, diffrax.BacksolveAdjoint):
+        # its backward solve reuses the controller in reverse, which StepTo forbids
+        if jumps:
+            _check_constant_steps(controls, dt, "BacksolveAdjoint takes constant steps")
+        return diffrax.ConstantStepSize(), dt, steps + 1, steps + 1, u0  # +1: a sliver at t1
+    return diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype)), None, steps, steps, u0
 
 
 def _check_constant_steps(controls, dt0: float, why: str) -> None:

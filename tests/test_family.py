@@ -43,7 +43,7 @@ def test_pre_ln_encoder_equals_torch_with_padding_and_round_trip(final):
     x = torch.randn(2, 6, 8, dtype=torch.float64)
     pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])  # torch: True = padding
     m = itde.from_torch(enc)
-    assert m.block == "pre_norm" and (m.final_norm is not None) == final
+    assert m.block == itde.PreNorm() and (m.final_norm is not None) == final
     xj = jnp.asarray(x.numpy())
     np.testing.assert_allclose(m.batch(xj), enc(x).detach().numpy(), rtol=0, atol=1e-12)
     ref = enc(x, src_key_padding_mask=pad).detach().numpy()
@@ -74,7 +74,7 @@ def test_parallel_block_equals_torch_composition():
             layer.norm2(ref)
         )
     pre = itde.from_torch(enc)
-    par = itde.TransformerIDE(pre.controls, pre.grid, block="parallel")
+    par = itde.TransformerIDE(pre.controls, pre.grid, block=itde.Parallel())
     out = par(jnp.asarray(x.numpy()[0]))
     np.testing.assert_allclose(out, ref.detach().numpy()[0], rtol=0, atol=1e-12)
     assert float(jnp.max(jnp.abs(out - pre(jnp.asarray(x.numpy()[0]))))) > 1e-2  # not pre-LN
@@ -125,7 +125,7 @@ def test_gated_feedforward_and_activations_equal_torch():
         np.testing.assert_allclose(got, r.numpy(), atol=1e-14, err_msg=name)
 
 
-@pytest.mark.parametrize("impl", ["dense", "blocked"])
+@pytest.mark.parametrize("impl", [itde.Dense(), itde.Blocked(3)])
 def test_grouped_query_attention_equals_torch_sdpa(impl):
     """4 query heads sharing 2 key/value heads, head size 5 (not d / heads), value size 3."""
     d, h, hkv, e, ev, n = 8, 4, 2, 5, 3, 7
@@ -144,7 +144,7 @@ def test_grouped_query_attention_equals_torch_sdpa(impl):
     for causal in (False, True):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         ref = torch.einsum("hne,hed->nd", o, T(att.wo)) + T(att.bo)
-        got = att(jnp.asarray(u), causal=causal, impl=impl, block_size=3)
+        got = att(jnp.asarray(u), causal=causal, core=impl)
         np.testing.assert_allclose(got, ref.numpy(), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="kv_heads dividing"):
         itde.Attention(wq=w(4, d, e), wk=w(3, d, e), wv=w(3, d, e), wo=w(4, e, d),
@@ -202,7 +202,7 @@ def test_masked_tokens_are_removed_from_the_domain():
     mask = jnp.array([1, 1, 1, 1, 1, 0, 0], bool)
     for m in (
         itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, block="parallel"),
-        _llama_like(attention_impl="blocked", block_size=3),
+        _llama_like(attention_core=itde.Blocked(3)),
     ):
         np.testing.assert_allclose(m(x, mask)[:5], m(x[:5]), rtol=0, atol=1e-12)
 
@@ -243,16 +243,14 @@ def test_bad_masks_and_options_are_named():
         m(x, jnp.array([1, 2, 1, 1]))
     with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
         m.batch(x[None], jnp.ones((2, 4), bool))
-    with pytest.raises(ValueError, match="block"):
+    with pytest.raises(TypeError, match="block"):
         itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, block="sandwich")
     with pytest.raises(ValueError, match="norm"):
         itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, norm="batch")
     with pytest.raises(ValueError, match="activation"):
         itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, activation="tanh")
     with pytest.raises(ValueError, match="ffn_form"):
-        itde.TransformerIDE.init(
-            KEY, n_layers=1, n_features=8, n_heads=2, block="pre_norm", ffn_form="relaxation"
-        )
+        itde._blocks.block_from_names("pre_norm", "relaxation")
     with pytest.raises(ValueError, match="no constraint set"):
         m.constraint(0.0)
     with pytest.raises(ValueError, match="rotary"):
@@ -270,7 +268,7 @@ def pre_norm_problem():
         KEY, n_modes=3, n_features=8, n_heads=2, n_hidden=16, activation="gelu", norm="rms",
         gated=True, bias=False,
     )  # fmt: skip
-    m = itde.TransformerIDE(ctrl, itde.Grid.unit(8), block="pre_norm")
+    m = itde.TransformerIDE(ctrl, itde.Grid.unit(8), block=itde.PreNorm())
     u0 = jax.random.normal(jax.random.key(1), (5, 8))
     ref = itde.solve(
         m, u0, solver=diffrax.Dopri8(), terms="tangent", dt0=0.05,
@@ -320,13 +318,13 @@ def test_mask_and_rope_agree_across_dense_blocked_and_fused_cores():
     # jitted: one compile per core instead of an op-by-op (eager) gradient of the loops
     @functools.partial(jax.jit, static_argnums=0)
     def run(impl, u):
-        out = att(u, causal=True, impl=impl, block_size=4, key_mask=mask, rotary=cs)
+        out = att(u, causal=True, core=impl, key_mask=mask, rotary=cs)
         return out, jax.grad(lambda v: jnp.sum(jnp.sin(att(
-            v, causal=True, impl=impl, block_size=4, key_mask=mask, rotary=cs))))(u)  # fmt: skip
+            v, causal=True, core=impl, key_mask=mask, rotary=cs))))(u)  # fmt: skip
 
-    ref, g_ref = run("dense", u)
+    ref, g_ref = run(itde.Dense(), u)
     np.testing.assert_allclose(ref[0], att.bo, atol=1e-14)  # no admissible key: A = bo
-    for impl, tol in (("blocked", 1e-12), ("fused", 1e-6)):  # fused: float32 softmax
+    for impl, tol in ((itde.Blocked(4), 1e-12), (itde.Fused(), 1e-6)):  # fused: f32 softmax
         out, g = run(impl, u)
         np.testing.assert_allclose(out, ref, rtol=0, atol=tol, err_msg=impl)
         np.testing.assert_allclose(g, g_ref, rtol=0, atol=10 * tol, err_msg=impl)
@@ -347,7 +345,7 @@ def test_alibi_score_bias_in_the_model_equals_the_masked_sum_with_a_linear_penal
     ref = att(u, causal=True, score_bias=jnp.asarray(bias))
     np.testing.assert_allclose(mb.attention_field(0.0, u), ref, rtol=0, atol=1e-13)
     assert float(jnp.max(jnp.abs(ref - att(u, causal=True)))) > 1e-3  # the bias acts
-    blocked = dataclasses.replace(mb, attention_impl="blocked", block_size=4)
+    blocked = dataclasses.replace(mb, attention_core=itde.Blocked(4))
     np.testing.assert_allclose(blocked.attention_field(0.0, u), ref, rtol=0, atol=1e-12)
     with pytest.raises(TypeError, match="score_bias"):
         dataclasses.replace(m, score_bias=np.zeros((2, 6, 6)))

@@ -93,10 +93,9 @@ def test_t1_past_the_depth_is_an_error_and_t1_inside_is_honoured():
     [
         (dict(causal="false"), r"`causal`='false' must be True or False"),
         (dict(causal=1), r"`causal`=1 must be True or False"),
-        (dict(ffn_form="relax"), r"`ffn_form`='relax' is not known; choose one of"),
-        (dict(attention_impl="flash"), r"`attention_impl`='flash' is not known"),
-        (dict(block_size=0), r"`block_size`=0 must be an integer >= 1"),
-        (dict(block_size=2.5), r"`block_size`=2.5 must be an integer"),
+        (dict(block="relax"), r"`block`='relax' must be an itde block form"),
+        (dict(attention_core="flash"), r"`attention_core`='flash' must be an itde attention"),
+        (dict(attention_core=itde.Dense), r"`attention_core`=.*must be an itde attention"),
         (dict(batch_axis=2), r"`batch_axis`=2 must be 0"),
     ],
 )

@@ -83,7 +83,7 @@ def test_projection_is_the_closest_point_of_S1():
     d_star = float(jnp.linalg.norm(p - v))
     # random points of S1: project random vectors (the projection maps onto S1)
     others = proj(jnp.asarray(rng.standard_normal((1000, 10)) * 3))
-    rm, rv = ln.residuals(others)
+    rm, rv = ln.residuals(others).values()
     assert float(rm) < 1e-12 and float(rv) < 1e-12  # they are on S1
     d_others = jnp.linalg.norm(others - v, axis=-1)
     assert d_star <= float(d_others.min()) + 1e-12

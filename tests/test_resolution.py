@@ -81,15 +81,19 @@ def test_blocked_model_equals_dense_model(causal):
     )
     enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
     dense = itde.from_torch(enc, causal=causal)
-    blocked = dataclasses.replace(dense, attention_impl="blocked", block_size=5)
+    blocked = dataclasses.replace(dense, attention_core=itde.Blocked(5))
     x = jax.random.normal(jax.random.key(1), (23, 16), jnp.float64)
     np.testing.assert_allclose(np.asarray(blocked(x)), np.asarray(dense(x)), atol=1e-12)
     # and with non-uniform token weights
     grid = itde.Grid(GL(interval=(0, 1)), itde.Midpoint(), 16)
     d2, b2 = (dataclasses.replace(m, grid=grid) for m in (dense, blocked))
     np.testing.assert_allclose(np.asarray(b2(x)), np.asarray(d2(x)), atol=1e-12)
-    with pytest.raises(ValueError, match="attention_impl"):
-        dataclasses.replace(dense, attention_impl="flash")
+    with pytest.raises(TypeError, match="attention_core"):
+        dataclasses.replace(dense, attention_core="flash")
+    with pytest.raises(ValueError, match="block_size"):
+        itde.Blocked(0)
+    with pytest.raises(TypeError, match="block_size"):
+        itde.Blocked(2.5)
 
 
 def test_two_dimensional_token_domain():

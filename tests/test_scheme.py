@@ -21,7 +21,7 @@ def _model(d=16, d_ff=16, L=3, eps=0.0, form="relaxation", act="relu", causal=Fa
         n_hidden=d_ff,
         activation=act,
         eps=eps,
-        ffn_form=form,
+        block=itde.PostNorm(relaxation=form == "relaxation"),
         causal=causal,
     )
 
@@ -54,7 +54,7 @@ def test_lie_step_with_dt_one_is_the_paper_table(eps):
         atol=1e-12,
     )
     if eps == 0.0:  # then the residual form is the same block (P_S1 is scale invariant)
-        res = itde.TransformerIDE(model.controls, model.grid, ffn_form="residual")
+        res = itde.TransformerIDE(model.controls, model.grid, block=itde.PostNorm())
         np.testing.assert_allclose(np.asarray(res(u0)), np.asarray(model(u0)), atol=1e-12)
 
 
@@ -63,11 +63,11 @@ def test_every_saved_state_lies_on_S1():
     u0 = jax.random.normal(jax.random.key(2), (9, 16)) * 3
     traj = model.trajectory(u0)
     for n in range(1, model.n_layers + 1):
-        rm, rv = model.controls.layer(n - 1).norm2.residuals(traj[n])
-        assert float(rm) < 1e-12 and float(rv) < 1e-12
+        res = model.controls.layer(n - 1).norm2.residuals(traj[n])
+        assert set(res) == {"mean", "var"}
+        assert float(res["mean"]) < 1e-12 and float(res["var"]) < 1e-12
     u2 = model.project1(0.5, u0 + model.attention_field(0.0, u0))
-    rm, rv = model.controls.layer(0).norm1.residuals(u2)
-    assert float(rm) < 1e-12 and float(rv) < 1e-12
+    assert float(model.controls.layer(0).norm1.residual(u2)) < 1e-12
 
 
 def test_half_steps_use_the_frozen_layer_controls():
@@ -151,8 +151,8 @@ def test_bad_model_arguments():
         itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=16, n_heads=5)
     with pytest.raises(ValueError, match="n_layers"):
         itde.TransformerIDE.init(jax.random.key(0), n_layers=0, n_features=16, n_heads=4)
-    with pytest.raises(ValueError, match="ffn_form"):
-        _model(form="average")
+    with pytest.raises(TypeError, match="relaxation"):
+        itde.PostNorm(relaxation="average")
     m = _model()
     with pytest.raises(ValueError, match=r"`grid.n_features`=12 does not match.*16"):
         itde.TransformerIDE(m.controls, itde.Grid.unit(12))

@@ -138,8 +138,8 @@ def test_relaxation_form_is_pytorch_with_four_times_the_norm2_eps(eps, act):
     exactly, while the residual form is PyTorch itself (and with eps = 0 both are)."""
     enc = _encoder(16, 2, 24, 3, act, eps, True, True, False, torch.float64)
     x = np.random.default_rng(4).standard_normal((2, 6, 16))
-    res = jax.vmap(itde.from_torch(enc, ffn_form="residual"))(jnp.asarray(x))
-    rel = jax.vmap(itde.from_torch(enc, ffn_form="relaxation"))(jnp.asarray(x))
+    res = jax.vmap(itde.from_torch(enc))(jnp.asarray(x))
+    rel = jax.vmap(itde.from_torch(enc, relaxation=True))(jnp.asarray(x))
     y_ref = _torch_out(enc, x, False, True)
     y_4eps = _torch_out(_with_norm2_eps(enc, 4 * eps), x, False, True)
     assert float(np.max(np.abs(np.asarray(res) - y_ref))) < 1e-12
@@ -165,8 +165,8 @@ def test_relaxation_form_differs_by_the_analytic_order_eps_effect():
     m, s2 = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
     delta = gamma * (v - m) * (1 / np.sqrt(s2 + 4 * eps) - 1 / np.sqrt(s2 + eps))
     first_order = 1.5 * (eps / s2) * np.abs(gamma * (v - m) / np.sqrt(s2 + eps))
-    res = jax.vmap(itde.from_torch(enc, ffn_form="residual"))(jnp.asarray(x))
-    rel = jax.vmap(itde.from_torch(enc, ffn_form="relaxation"))(jnp.asarray(x))
+    res = jax.vmap(itde.from_torch(enc))(jnp.asarray(x))
+    rel = jax.vmap(itde.from_torch(enc, relaxation=True))(jnp.asarray(x))
     measured = np.asarray(rel) - np.asarray(res)
     np.testing.assert_allclose(measured, delta, rtol=0, atol=1e-13)
     assert np.all(np.abs(measured) <= first_order + 1e-13)
@@ -176,8 +176,8 @@ def test_relaxation_form_differs_by_the_analytic_order_eps_effect():
 
 def test_pre_ln_relaxation_mixed_layers_and_bad_modules_rejected():
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, norm_first=True)
-    with pytest.raises(ValueError, match="ffn_form='residual'"):
-        itde.from_torch(layer, ffn_form="relaxation")
+    with pytest.raises(ValueError, match="relaxation=False"):
+        itde.from_torch(layer, relaxation=True)
     post = torch.nn.TransformerEncoderLayer(8, 2, 16, norm_first=False)
     enc = torch.nn.TransformerEncoder(post, 2, enable_nested_tensor=False)
     enc.layers[1] = layer

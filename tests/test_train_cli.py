@@ -88,8 +88,8 @@ def test_default_sort_config_reaches_99_percent(tmp_path):
     from itde.train import train
 
     result = train(out=tmp_path / "sort", progress=False)
-    assert result["step"] == 1500
-    assert result["metrics"]["eval_seq_acc"] >= 0.99, result["metrics"]
+    assert result.step == 1500
+    assert result.metrics["eval_seq_acc"] >= 0.99, result.metrics
 
 
 def _eta_after_first_steps(monkeypatch, restart: bool) -> tuple[float, str]:

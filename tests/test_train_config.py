@@ -110,7 +110,7 @@ def test_choices_come_from_the_registries():
 
     for name in ACTIVATIONS:
         assert from_dict(TrainExperiment, {"model": {"activation": name}}).model.activation == name
-    for name in FFN_FORMS:
+    for name in FFN_FORMS:  # the post-norm feed-forward forms a config may name
         assert from_dict(TrainExperiment, {"model": {"ffn_form": name}}).model.ffn_form == name
     for name in SCHEMES:
         assert from_dict(TrainExperiment, {"model": {"scheme": name}}).model.scheme == name

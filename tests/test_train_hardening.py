@@ -207,8 +207,8 @@ def test_torn_metrics_tail_does_not_block_resume(charlm, tmp_path):
     torn = path.read_text() + '{"step": 3, "loss": 0.5'  # killed mid-append
     path.write_text(torn)
     done = train(resume=run)  # the run was complete: nothing left to do, nothing written
-    assert (done["step"], done["complete"], done["files"]) == (2, True, [])
-    assert done["metrics"] == json.loads(complete[-1])  # every complete row, not the torn one
+    assert (done.step, done.complete, done.files) == (2, True, [])
+    assert done.metrics == json.loads(complete[-1])  # every complete row, not the torn one
     assert path.read_text() == torn
     # (a resume that trains rewrites the file without the torn line: test_train_resume.py)
     # damage before the last line is not a torn tail: an error naming the line

@@ -62,18 +62,18 @@ def test_killed_and_resumed_run_is_bitwise_equal(tmp_path, table):
     full = train(cfg, out=tmp_path / "full")
     # "killed" after step 3: the last checkpoint is step 2, step 3's progress is lost
     part = train(cfg, out=tmp_path / "part", stop_at=3)
-    assert part["step"] == 3
+    assert part.step == 3
     assert read_checkpoint_meta(tmp_path / "part")["step"] == 2
     with open(tmp_path / "part" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "loss": 0.5')  # killed mid-append: a torn last line
     resumed = train(out=None, resume=tmp_path / "part")  # the checkpoint's own config
-    assert resumed["step"] == cfg.optim.steps and resumed["complete"]
+    assert resumed.step == cfg.optim.steps and resumed.complete
     part = tmp_path / "part"
     state = f"state-{cfg.optim.steps:08d}.eqx"
     written = ["metrics.jsonl", "loss_curve.png", SIDECAR, state]
-    assert resumed["files"] == [str(part / name) for name in written]
-    _assert_bitwise(full["model"], resumed["model"])
-    _assert_bitwise(full["opt_state"], resumed["opt_state"])
+    assert resumed.files == [str(part / name) for name in written]
+    _assert_bitwise(full.model, resumed.model)
+    _assert_bitwise(full.opt_state, resumed.opt_state)
     # the saved final checkpoints are equal too, and so is every logged loss
     run = Run(cfg)
     a, _ = load_checkpoint(tmp_path / "full", run.init_state())
@@ -103,7 +103,7 @@ def test_resume_with_other_model_config_is_refused(trained, tmp_path):
         train(other, resume=out, source="other.toml", out=tmp_path)
     # a change of logging cadence only is allowed
     again = from_dict(TrainExperiment, {**TINY, "run": {**TINY["run"], "log_every": 2}})
-    assert train(again, resume=out, out=tmp_path / "ok")["step"] == TINY["optim"]["steps"]
+    assert train(again, resume=out, out=tmp_path / "ok").step == TINY["optim"]["steps"]
 
 
 def test_checkpoint_of_another_shape_is_refused(trained):

@@ -127,7 +127,9 @@ def _model(rule, impl, n_features=6):
         )
     )
     grid = itde.Grid(rule, itde.Midpoint(), n_features)
-    return itde.TransformerIDE(ctrl, grid, causal=True, attention_impl=impl, block_size=4)
+    return itde.TransformerIDE(
+        ctrl, grid, causal=True, attention_core=itde.Blocked(4) if impl == "blocked" else impl
+    )
 
 
 # default: one positive rule and the two signed ones; the other positive rules (the same

@@ -50,17 +50,25 @@ class AbstractFeedForward(eqx.Module):
 
 class AbstractNorm(eqx.Module):
     r"""A normalisation read as the projection onto a constraint set on the feature domain,
-    then an optional per-feature affine map: [`LayerNormProjection`][itde.LayerNormProjection]
-    (the set $S_1(\sigma_1, \sigma_2)$ of fixed mean and variance) or
+    then an optional per-feature affine map $u \mapsto g \circ u + \beta$:
+    [`LayerNormProjection`][itde.LayerNormProjection] (the set
+    $S_1(\sigma_1, \sigma_2)$ of fixed mean and variance) or
     [`RMSNormProjection`][itde.RMSNormProjection] (the sphere of fixed mean square).
 
     In a post-norm equation the normalisation is a constraint on the state (a projection
     sub-flow); in a pre-norm equation it is a map inside each operator. The continuum
     (tangent) form of a post-norm equation asks the norm for the tangent projection of its
     set (`tangent`) and for the motion of the set in depth (`drift`).
+
+    Every norm declares its per-feature affine parameters (`gain`, `shift`: `[features]`
+    arrays, or None where the norm has none), reports the distance of a state from its set
+    (`residuals`), and builds its identity-initialised and exact members
+    (`identity`, `exact`), so that a model can hold any norm without asking which.
     """
 
     eps: eqx.AbstractVar[float]
+    gain: eqx.AbstractVar[Float[Array, " features"] | None]
+    shift: eqx.AbstractVar[Float[Array, " features"] | None]
 
     @abc.abstractmethod
     def __call__(
@@ -69,10 +77,25 @@ class AbstractNorm(eqx.Module):
         """The normalised state (projection, then gain and shift)."""
 
     @property
-    @abc.abstractmethod
     def is_exact(self) -> bool:
         """True when the map is exactly the projection onto the constraint set: `eps=0`
         and no per-feature affine map (what the continuum form needs)."""
+        return self.gain is None and self.shift is None and self.eps == 0.0
+
+    @abc.abstractmethod
+    def residuals(
+        self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
+    ) -> dict[str, Array]:
+        """The largest deviation, over the tokens, of each defining quantity of the set from
+        its value (after undoing the per-feature affine map), by name: e.g.
+        `{"mean": ..., "var": ...}` for $S_1$. Zero (to round-off) on the set."""
+
+    def residual(
+        self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
+    ) -> Array:
+        """The largest of [`residuals`][itde.AbstractNorm.residuals]: the state's distance
+        from the constraint set in the set's own quantities."""
+        return jnp.max(jnp.stack(list(self.residuals(u, feature_weights).values())))
 
     @abc.abstractmethod
     def tangent(self, u, w, feature_weights: np.ndarray | None = None):
@@ -83,6 +106,33 @@ class AbstractNorm(eqx.Module):
     def drift(self, u, d_norm: AbstractNorm, feature_weights: np.ndarray | None = None):
         r"""The velocity of the point of the moving set that follows `u`, when the set's
         parameters move at rate `d_norm` (a tangent of this module, from `jax.jvp`)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def identity(
+        cls, n_features: int, *, eps: float, bias: bool = True, dtype=None
+    ) -> AbstractNorm:
+        """The normalisation as a freshly initialised network holds it: the unit set, a
+        gain of ones and (where the norm has one and `bias`) a shift of zeros."""
+
+    @classmethod
+    @abc.abstractmethod
+    def scalar(cls, sigma1: Array, sigma2: Array, *, eps: float = 0.0) -> AbstractNorm:
+        r"""The normalisation onto the set of mean `sigma1` and scale `sigma2` with no
+        per-feature affine map (a norm without a mean condition ignores `sigma1`): a set
+        that means the same on every feature grid. The arrays may carry a leading mode
+        axis (smooth controls)."""
+
+    @classmethod
+    def exact(cls, sigma1: Array, sigma2: Array) -> AbstractNorm:
+        r"""The exact projection ($\varepsilon = 0$, no affine map) onto the set of mean
+        `sigma1` and scale `sigma2`: the constraint set of the continuum."""
+        return cls.scalar(sigma1, sigma2, eps=0.0)
+
+    def field_roles(self) -> dict[str, str]:
+        """Roles of parameters that depend on the module's values (see `itde.train`):
+        none by default."""
+        return {}
 
 
 def feature_mean(u: Float[Array, "tokens features"], weights: np.ndarray | None):

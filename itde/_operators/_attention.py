@@ -11,17 +11,12 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._checks import check_int
 from .._random import uniform
+from .._roles import kernel
 from ._abstract import AbstractAttention
-from ._blocked import blocked_attention, dense_attention, fused_attention
+from ._cores import AbstractAttentionCore, Dense
+from ._mask import key_mask as _key_mask
 from ._precision import contract
 from ._rope import rotate
-
-ATTENTION_CORES = {
-    "dense": dense_attention,
-    "blocked": blocked_attention,
-    "fused": fused_attention,
-}
-ATTENTION_IMPLS = tuple(ATTENTION_CORES)
 
 
 def _weighted(u, weights):
@@ -64,10 +59,10 @@ class Attention(AbstractAttention):
     (`[kv_heads, head_dim]`), `bv` (`[kv_heads, value_dim]`) and `bo` (`[features]`).
     """
 
-    wq: Float[Array, "heads features head_dim"]
-    wk: Float[Array, "kv_heads features head_dim"]
-    wv: Float[Array, "kv_heads features value_dim"]
-    wo: Float[Array, "heads value_dim features"]
+    wq: Float[Array, "heads features head_dim"] = kernel()
+    wk: Float[Array, "kv_heads features head_dim"] = kernel()
+    wv: Float[Array, "kv_heads features value_dim"] = kernel()
+    wo: Float[Array, "heads value_dim features"] = kernel()
     bq: Float[Array, "heads head_dim"] | None
     bk: Float[Array, "kv_heads head_dim"] | None
     bv: Float[Array, "kv_heads value_dim"] | None
@@ -206,8 +201,7 @@ class Attention(AbstractAttention):
         score_bias=None,
         signed_weights: bool = False,
         causal: bool = False,
-        impl: str = "dense",
-        block_size: int = 512,
+        core: AbstractAttentionCore = Dense(),
         key_mask: Bool[Array, " tokens"] | None = None,
         rotary: tuple[Array, Array] | None = None,
     ) -> Float[Array, "tokens features"]:
@@ -225,12 +219,13 @@ class Attention(AbstractAttention):
           $W_{kp}$ and a score bias $b_m(x_k, x_p)$, passed to the attention core (see
           [`dense_attention`][itde.dense_attention]).
         - `causal`: integrate over $\\tilde x \\le x$ only.
-        - `impl`: `"dense"` (the `[heads, tokens, tokens]` score matrix), `"blocked"`
-          (token blocks of `block_size` with an online softmax: memory linear in the
-          tokens, the same result to round-off) or `"fused"`
+        - `core`: how the token quadrature is evaluated: [`Dense()`][itde.Dense] (the
+          `[heads, tokens, tokens]` score matrix), [`Blocked(block_size)`][itde.Blocked]
+          (an online softmax over token blocks: memory linear in the tokens, the same
+          result to round-off) or [`Fused()`][itde.Fused]
           (`jax.nn.dot_product_attention`, whose softmax runs in float32).
-        - `key_mask`: `[tokens]` booleans, False on keys outside the sequence (padding):
-          their quadrature weight is 0. A query keeps its own output; a query with no
+        - `key_mask`: `[tokens]` booleans (or integers 0/1), False on keys outside the
+          sequence (padding): their quadrature weight is 0. A query keeps its own output; a query with no
           admissible key (e.g. a padded token before every real one under `causal`) gets
           attention output 0 (`bo` only).
         - `rotary`: `(cos, sin)` from [`Rope.cos_sin`][itde.Rope.cos_sin] at the token
@@ -246,14 +241,20 @@ class Attention(AbstractAttention):
             k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
-        if impl not in ATTENTION_CORES:
-            raise ValueError(f"`impl`={impl!r} is not known; choose one of {ATTENTION_IMPLS}.")
+        if not isinstance(core, AbstractAttentionCore):
+            raise TypeError(
+                f"`core`={core!r} must be an itde attention core: itde.Dense(), "
+                "itde.Blocked(block_size=...) or itde.Fused()."
+            )
         lw = None if token_log_weights is None else token_log_weights.astype(dtype)
+        key_mask = _key_mask(key_mask, u.shape[0], "key_mask")
         if key_mask is not None:
-            check_key_mask(key_mask, u.shape[0])
+            if key_mask.ndim != 1:
+                raise ValueError(
+                    f"`key_mask` must be [tokens] for one sequence, got shape {key_mask.shape}."
+                )
             lw = jnp.zeros((u.shape[0],), dtype) if lw is None else lw
             lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, dtype))
-        core = ATTENTION_CORES[impl]
         o = core(
             q,
             k,
@@ -263,7 +264,6 @@ class Attention(AbstractAttention):
             score_bias=score_bias,
             signed_weights=signed_weights,
             causal=causal,
-            block_size=block_size,
         )
         out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
         if self.bo is not None:
@@ -291,18 +291,3 @@ def check_heads(n_features, n_heads) -> tuple[int, int]:
             f"choose n_heads among {divisors}."
         )
     return int(n_features), int(n_heads)
-
-
-def check_key_mask(mask, n_tokens: int, name: str = "mask") -> None:
-    """A key mask must be `[tokens]` booleans (or integers 0/1): name the shape and dtype."""
-    shape = getattr(mask, "shape", None)
-    if shape != (n_tokens,):
-        raise ValueError(
-            f"`{name}` must have shape [tokens] = ({n_tokens},) for a sequence of {n_tokens} "
-            f"tokens, got shape {shape}."
-        )
-    if mask.dtype != jnp.bool_:
-        raise TypeError(
-            f"`{name}` must be a boolean array (True on real tokens, False on padding), got "
-            f"dtype {mask.dtype}; e.g. `{name}.astype(bool)` for a 0/1 attention mask."
-        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._random import normal
+from .._roles import kernel
 
 
 def _check_positive_int(name, value):
@@ -39,11 +41,29 @@ def _check_spacing(spacing):
 
 
 class AbstractScoreBias(eqx.Module):
-    r"""A score bias $b_m(x, \tilde x)$ for `n_heads` heads, a function of positions."""
+    r"""A score bias $b_m(x, \tilde x)$ for `n_heads` heads, added to every head's score.
+
+    The attention cores take a bias as a function of the token indices
+    `(query_index, key_index) -> [heads, q, k]`; [`on_nodes`][] gives that function for a
+    grid's token nodes. `needs_positions`: whether the bias is a function of the token
+    positions (then the token domain must be a 1-D rule) or a fixed array of one
+    resolution."""
+
+    needs_positions: ClassVar[bool] = True
 
     @property
     @abc.abstractmethod
-    def n_heads(self) -> int: ...
+    def n_heads(self) -> int:
+        """The number of heads the bias has a value for."""
+
+    @abc.abstractmethod
+    def on_nodes(self, nodes):
+        """The bias on the token nodes `nodes` (`[tokens]`), as the function of the token
+        indices that the attention cores take as `score_bias`."""
+
+
+class AbstractPositionBias(AbstractScoreBias):
+    r"""A score bias that is a function of the positions, sampled on any grid."""
 
     @abc.abstractmethod
     def __call__(
@@ -52,15 +72,13 @@ class AbstractScoreBias(eqx.Module):
         """The bias at query positions `x` and key positions `x_tilde`."""
 
     def on_nodes(self, nodes) -> SampledBias:
-        """This bias on the token nodes `nodes` (`[tokens]`), as the function of the token
-        indices that the attention cores take as `score_bias`."""
         return SampledBias(self, jnp.asarray(nodes))
 
 
 class SampledBias(eqx.Module):
     """A position bias bound to token nodes: `(query_index, key_index) -> [heads, q, k]`."""
 
-    bias: AbstractScoreBias
+    bias: AbstractPositionBias
     nodes: Float[Array, " tokens"]
 
     def __call__(self, query_index: Int[Array, " q"], key_index: Int[Array, " k"]):
@@ -84,7 +102,7 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     return np.concatenate([power_of_two(closest), extra])
 
 
-class ALiBi(AbstractScoreBias):
+class ALiBi(AbstractPositionBias):
     r"""Attention with linear biases (Press, Smith and Lewis 2022):
     $b_m(x, \tilde x) = -\mu_m\,|x - \tilde x| / \ell$, with the slopes $\mu_m$ of
     [`alibi_slopes`][] and the length unit $\ell$ = `spacing`. Causal attention sees only
@@ -142,7 +160,7 @@ def t5_bucket(
     return buckets + jnp.where(is_small, rel, large)
 
 
-class T5RelativeBias(AbstractScoreBias):
+class T5RelativeBias(AbstractPositionBias):
     r"""T5's relative position bias: a learned value per head and bucket,
     $b_m(x, \tilde x) = E[\mathrm{bucket}(r), m]$ with $r$ the key-minus-query distance
     $(\tilde x - x)/\ell$ rounded to the nearest integer ($\ell$ = `spacing`) and the
@@ -154,7 +172,7 @@ class T5RelativeBias(AbstractScoreBias):
     `relative_attention_bias.weight`), `bidirectional` (encoder: True; decoder: False),
     `max_distance`, `spacing`."""
 
-    embedding: Float[Array, "buckets heads"]
+    embedding: Float[Array, "buckets heads"] = kernel()
     bidirectional: bool = eqx.field(static=True, default=True)
     max_distance: int = eqx.field(static=True, default=128)
     spacing: float = eqx.field(static=True, default=1.0)
@@ -203,13 +221,25 @@ class T5RelativeBias(AbstractScoreBias):
         return jnp.moveaxis(self.embedding[b], -1, 0)  # [q, k, heads] -> [heads, q, k]
 
 
-class DiscreteBias(eqx.Module):
+class DiscreteBias(AbstractScoreBias):
     """A fixed `[heads, N, N]` score bias (one resolution: the token count is `N`).
 
     Called with token indices it returns the block `[heads, q, k]`; pass it (or the array
     itself) as `score_bias`."""
 
     matrix: Float[Array, "heads tokens tokens"]
+    needs_positions: ClassVar[bool] = False
+
+    def on_nodes(self, nodes) -> DiscreteBias:
+        """Itself, on a grid of exactly `N` tokens (an error naming the counts otherwise)."""
+        n = np.shape(nodes)[0]
+        if self.matrix.shape[-1] != n:
+            raise ValueError(
+                f"`score_bias` is a DiscreteBias for {self.matrix.shape[-1]} tokens, but the "
+                f"state has {n}; use a position bias (ALiBi, T5RelativeBias) to run at any "
+                "token count."
+            )
+        return self
 
     def __check_init__(self):
         shape = jnp.shape(self.matrix)

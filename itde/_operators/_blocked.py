@@ -341,7 +341,8 @@ def fused_attention(
     if signed_weights:
         raise ValueError(
             "`fused_attention` cannot take signed `query_weights` (`signed_weights=True`): "
-            "a softmax bias is the log of a positive weight. Use impl='dense' or 'blocked'."
+            "a softmax bias is the log of a positive weight. Use the itde.Dense() or "
+            "itde.Blocked() core."
         )
     if v.shape != q.shape:
         raise ValueError(

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._random import uniform
+from .._roles import kernel
 from ._abstract import AbstractFeedForward
 from ._attention import _check_width, _weighted
 from ._precision import contract
@@ -51,8 +52,8 @@ class FeedForward(AbstractFeedForward):
     (`d_ff != d`). On the unit grid this is PyTorch's `linear2(act(linear1(u)))`.
     """
 
-    w1: Float[Array, "features hidden"]
-    w2: Float[Array, "hidden features"]
+    w1: Float[Array, "features hidden"] = kernel()
+    w2: Float[Array, "hidden features"] = kernel()
     b1: Float[Array, " hidden"] | None
     b2: Float[Array, " features"] | None
     activation: str = eqx.field(static=True, default="relu")
@@ -119,9 +120,9 @@ class GatedFeedForward(AbstractFeedForward):
     `[hidden, features]`, optional biases `b_gate`, `b1` (`[hidden]`), `b2` (`[features]`).
     """
 
-    w_gate: Float[Array, "features hidden"]
-    w1: Float[Array, "features hidden"]
-    w2: Float[Array, "hidden features"]
+    w_gate: Float[Array, "features hidden"] = kernel()
+    w1: Float[Array, "features hidden"] = kernel()
+    w2: Float[Array, "hidden features"] = kernel()
     b_gate: Float[Array, " hidden"] | None
     b1: Float[Array, " hidden"] | None
     b2: Float[Array, " features"] | None

@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import check_float
+from .._roles import FROZEN
 from ._abstract import AbstractNorm, feature_mean
 
 __all__ = ["LayerNormProjection", "feature_mean"]
@@ -101,9 +102,9 @@ class LayerNormProjection(AbstractNorm):
 
     def residuals(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
-    ) -> tuple[Array, Array]:
-        """Largest deviation of the per-token mean from σ1 and of the variance from σ2²,
-        after undoing the per-feature affine map (the constraint-set residual)."""
+    ) -> dict[str, Array]:
+        """Largest deviation of the per-token mean from σ1 (`"mean"`) and of the variance
+        from σ2² (`"var"`), after undoing the per-feature affine map."""
         z = u
         if self.shift is not None:
             z = z - self.shift.astype(u.dtype)
@@ -111,14 +112,28 @@ class LayerNormProjection(AbstractNorm):
             z = z / self.gain.astype(u.dtype)
         mean = feature_mean(z, feature_weights)
         var = feature_mean((z - mean) ** 2, feature_weights)
-        return (
-            jnp.max(jnp.abs(mean - self.sigma1.astype(u.dtype))),
-            jnp.max(jnp.abs(var - self.sigma2.astype(u.dtype) ** 2)),
-        )
+        return {
+            "mean": jnp.max(jnp.abs(mean - self.sigma1.astype(u.dtype))),
+            "var": jnp.max(jnp.abs(var - self.sigma2.astype(u.dtype) ** 2)),
+        }
 
-    @property
-    def is_exact(self) -> bool:
-        return self.gain is None and self.shift is None and self.eps == 0.0
+    @classmethod
+    def identity(cls, n_features: int, *, eps: float, bias: bool = True, dtype=None):
+        """PyTorch's fresh `nn.LayerNorm`: $S_1(0, 1)$, gain 1, shift 0 (none without
+        `bias`)."""
+        ones = jnp.ones((n_features,), dtype)
+        shift = jnp.zeros((n_features,), dtype) if bias else None
+        return cls(jnp.zeros((), dtype), jnp.ones((), dtype), ones, shift, eps)
+
+    @classmethod
+    def scalar(cls, sigma1, sigma2, *, eps: float = 0.0):
+        r"""The projection onto $S_1(\sigma_1, \sigma_2)$ with no affine map."""
+        return cls(sigma1, sigma2, None, None, eps)
+
+    def field_roles(self) -> dict[str, str]:
+        r"""With a per-feature gain, $u \mapsto g(\sigma_2 z + \sigma_1) + \beta$ makes
+        the scalars $\sigma_1, \sigma_2$ redundant (PyTorch's LayerNorm has none): frozen."""
+        return {"sigma1": FROZEN, "sigma2": FROZEN} if self.gain is not None else {}
 
     def tangent(self, u, w, feature_weights=None):
         r"""$P_T(z)\,w = w - \overline{w} - \overline{w z}\,z$ with

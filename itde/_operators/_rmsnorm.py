@@ -45,6 +45,11 @@ class RMSNormProjection(AbstractNorm):
     gain: Float[Array, " features"] | None
     eps: float = eqx.field(static=True)
 
+    @property
+    def shift(self) -> None:
+        """RMSNorm has no per-feature shift."""
+        return None
+
     def __init__(self, sigma=1.0, gain=None, eps: float = 1e-6):
         self.eps = check_float("eps", eps, nonnegative=True)
         self.sigma = jnp.asarray(sigma)
@@ -83,10 +88,6 @@ class RMSNormProjection(AbstractNorm):
             out = self.gain.astype(out_dtype) * out
         return out
 
-    @property
-    def is_exact(self) -> bool:
-        return self.gain is None and self.eps == 0.0
-
     def tangent(self, u, w, feature_weights=None):
         r"""$w - \overline{w z}\,z$ with $z = u/\sigma$: the tangent space of the sphere."""
         z = u / self.sigma.astype(u.dtype)
@@ -99,8 +100,22 @@ class RMSNormProjection(AbstractNorm):
 
     def residuals(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
-    ) -> Array:
-        """Largest deviation of the per-token mean square from σ², after undoing the gain."""
+    ) -> dict[str, Array]:
+        """Largest deviation of the per-token mean square from σ² (`"mean_square"`), after
+        undoing the gain."""
         z = u if self.gain is None else u / self.gain.astype(u.dtype)
         ms = feature_mean(z * z, feature_weights)
-        return jnp.max(jnp.abs(ms - self.sigma.astype(u.dtype) ** 2))
+        return {"mean_square": jnp.max(jnp.abs(ms - self.sigma.astype(u.dtype) ** 2))}
+
+    @classmethod
+    def identity(cls, n_features: int, *, eps: float, bias: bool = True, dtype=None):
+        """A fresh RMSNorm: the unit sphere and gain 1 (`bias` is ignored: no shift)."""
+        del bias
+        return cls(jnp.ones((), dtype), jnp.ones((n_features,), dtype), eps)
+
+    @classmethod
+    def scalar(cls, sigma1, sigma2, *, eps: float = 0.0):
+        """The projection onto the sphere of radius `sigma2` with no gain (`sigma1` is
+        ignored: the sphere has no mean condition)."""
+        del sigma1
+        return cls(sigma2, None, eps)

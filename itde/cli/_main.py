@@ -25,6 +25,7 @@ def _out(flag, configured, key):
 def _build_solve(cfg: _config.SolveExperiment):
     import jax
 
+    from .._blocks import block_from_names
     from .._equation import TransformerIDE
     from .._quadrature._rules import RULES, Grid
 
@@ -45,7 +46,7 @@ def _build_solve(cfg: _config.SolveExperiment):
         eps=m.eps,
         bias=m.bias,
         causal=m.causal,
-        ffn_form=m.ffn_form,
+        block=block_from_names("post_norm", m.ffn_form),
         grid=grid,
     )
 
@@ -81,7 +82,7 @@ def cmd_solve(args) -> int:
         )
     )
     ys = np.asarray(run(model, u0))
-    fw = model._feature_weights()
+    fw = model.feature_weights()
     rms = lambda u: np.sqrt(np.asarray(feature_mean(jnp.asarray(u) ** 2, fw)))[..., 0]  # noqa: E731
     norms = rms(ys)  # [layers + 1, tokens]
     change = rms(ys[1:] - ys[:-1]) / norms[:-1]  # [layers, tokens]: what each layer moves
@@ -90,17 +91,18 @@ def cmd_solve(args) -> int:
         f"itde solve: {model.n_layers} layers, {cfg.solve.n_tokens} tokens x "
         f"{model.n_features} features, dt={cfg.solve.dt} ({source})"
     )
-    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'change':>9} {'mean resid':>11} "
-          f"{'var resid':>11}")  # fmt: skip
+    names = list(model.controls.layer(0).norm2.residuals(jnp.asarray(ys[1]), fw))
+    print(f"{'layer':>5} {'t':>6} {'token-mean norm':>16} {'change':>9} "
+          + " ".join(f"{k + ' resid':>11}" for k in names))  # fmt: skip
     for n in range(model.n_layers + 1):
         if n == 0:  # the input is on no constraint set and no layer has moved it yet
-            rm = rv = dn = None
-            cells = f"{'-':>9} {'-':>11} {'-':>11}"
+            res, dn = dict.fromkeys(names), None
+            cells = f"{'-':>9} " + " ".join(f"{'-':>11}" for _ in names)
         else:
             norm = model.controls.layer(n - 1).norm2
-            rm, rv = (float(r) for r in norm.residuals(jnp.asarray(ys[n]), fw))
+            res = {k: float(r) for k, r in norm.residuals(jnp.asarray(ys[n]), fw).items()}
             dn = float(change[n - 1].mean())
-            cells = f"{dn:>9.4f} {rm:>11.2e} {rv:>11.2e}"
+            cells = f"{dn:>9.4f} " + " ".join(f"{r:>11.2e}" for r in res.values())
         rows.append(
             {
                 "layer": n,
@@ -108,8 +110,7 @@ def cmd_solve(args) -> int:
                 "token_mean_norm": float(norms[n].mean()),
                 # null for layer 0 (NaN is not JSON)
                 "token_mean_change": dn,
-                "mean_residual": rm,
-                "var_residual": rv,
+                **{f"{k}_residual": r for k, r in res.items()},
             }
         )
         print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {cells}")

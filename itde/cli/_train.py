@@ -40,15 +40,15 @@ def cmd_train(args) -> int:
     summary = train(cfg, out=args.out, resume=args.resume, source=source,
                     progress=False if args.no_progress else None,
                     overwrite=args.overwrite)  # fmt: skip
-    m = summary["metrics"]
+    m = summary.metrics
     shown = {k: round(v, 6) for k, v in m.items() if isinstance(v, float) and k != "lr"}
-    if summary["files"] == [] and summary["complete"]:
+    if summary.files == [] and summary.complete:
         print(f"itde train ({source}): {args.resume} is already complete at step "
-              f"{summary['step']} ([optim] steps); nothing to train, nothing written. "
+              f"{summary.step} ([optim] steps); nothing to train, nothing written. "
               f"Its last logged row: {json.dumps(shown)}")  # fmt: skip
         return 0
-    print(f"itde train ({source}): step {summary['step']}, {json.dumps(shown)}")
-    print(f"wrote {', '.join(summary['files'])} ({summary['wall_s']:.1f} s)")
+    print(f"itde train ({source}): step {summary.step}, {json.dumps(shown)}")
+    print(f"wrote {', '.join(summary.files)} ({summary.wall_s:.1f} s)")
     return 0
 
 

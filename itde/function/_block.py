@@ -5,31 +5,44 @@ from __future__ import annotations
 
 import dataclasses
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from .._checks import check_dtype, check_int
-from .._operators._layernorm import LayerNormProjection
+from .._controls import AbstractBlock, as_norm_class
+from .._operators._abstract import AbstractNorm
 from .._quadrature._rules import AbstractQuadrature
 from ._bases import AbstractBasis
 from ._operators import FunctionAttention, FunctionFeedForward
 
 
-class FunctionBlock(eqx.Module):
+class FunctionBlock(AbstractBlock):
     r"""One layer's controls as functions: attention and feed-forward kernels
-    $W(\xi, y)$ on the feature, head and hidden domains, and the constraint set
-    $S_1(\sigma_1, \sigma_2)$ (scalar, so it is meaningful on every grid).
+    $W(\xi, y)$ on the feature, head and hidden domains, and two normalisations onto
+    sets with scalar parameters (e.g. $S_1(\sigma_1, \sigma_2)$, no per-feature affine
+    map, so they mean the same on every grid).
 
     The model samples the kernels at the grid's nodes at every evaluation, so the same
     object runs on any grid (`TransformerIDE.on_grid`).
     """
 
     attention: FunctionAttention
-    norm1: LayerNormProjection
+    norm1: AbstractNorm
     feedforward: FunctionFeedForward
-    norm2: LayerNormProjection
+    norm2: AbstractNorm
+
+    def __check_init__(self):
+        for name in ("norm1", "norm2"):
+            norm = getattr(self, name)
+            if isinstance(norm, AbstractNorm) and (
+                norm.gain is not None or norm.shift is not None
+            ):
+                raise ValueError(
+                    f"`FunctionBlock.{name}` has a per-feature gain or shift, which exists on "
+                    "one feature grid only; give a norm with scalar parameters, e.g. "
+                    "`LayerNormProjection.scalar(0.0, 1.0, eps=...)`."
+                )
 
     @classmethod
     def init(
@@ -46,11 +59,14 @@ class FunctionBlock(eqx.Module):
         n_hidden_nodes: int,
         activation: str = "gelu",
         eps: float = 0.0,
+        norm: type[AbstractNorm] | str = "layer",
         scale: float = 1.0,
         decay: float = 0.7,
         dtype=None,
     ) -> FunctionBlock:
-        """Random smooth kernels and the unit constraint set $S_1(0, 1)$."""
+        """Random smooth kernels and the unit constraint set of `norm` (a norm class or
+        its name in `itde.NORMS`: $S_1(0, 1)$ for `"layer"`, the unit sphere for `"rms"`)
+        with regulariser `eps`."""
         check_int("n_heads", n_heads, minimum=1)
         check_int("n_head_nodes", n_head_nodes, minimum=1)
         check_int("n_hidden_nodes", n_hidden_nodes, minimum=1)
@@ -85,8 +101,8 @@ class FunctionBlock(eqx.Module):
             decay=decay,
             dtype=dtype,
         )
-        norm = LayerNormProjection(jnp.zeros((), dtype), jnp.ones((), dtype), None, None, eps)
-        return cls(att, norm, ff, norm)
+        n = as_norm_class(norm).scalar(jnp.zeros((), dtype), jnp.ones((), dtype), eps=eps)
+        return cls(att, n, ff, n)
 
 
 def with_resolution(

@@ -18,6 +18,7 @@ from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, check_activation
 from .._quadrature._domain import check_weights
 from .._quadrature._rules import AbstractQuadrature, Grid
+from .._roles import kernel
 from ._bases import AbstractBasis, check_resolution
 from ._kernels import FunctionBias, FunctionKernel, _n, _rule_nodes
 
@@ -58,10 +59,10 @@ class FunctionAttention(AbstractAttention):
       basis's), and `n_head_nodes` its number of nodes (the discrete head size).
     """
 
-    wq: FunctionKernel
-    wk: FunctionKernel
-    wv: FunctionKernel
-    wo: FunctionKernel
+    wq: FunctionKernel = kernel()
+    wk: FunctionKernel = kernel()
+    wv: FunctionKernel = kernel()
+    wo: FunctionKernel = kernel()
     bq: FunctionBias | None
     bk: FunctionBias | None
     bv: FunctionBias | None
@@ -201,9 +202,9 @@ class FunctionFeedForward(AbstractFeedForward):
     - `activation`: `"relu"` (the projection onto $S_2$), `"gelu"` or `"gelu_tanh"`.
     """
 
-    w1: FunctionKernel
+    w1: FunctionKernel = kernel()
     b1: FunctionBias | None
-    w2: FunctionKernel
+    w2: FunctionKernel = kernel()
     b2: FunctionBias | None
     hidden_rule: AbstractQuadrature
     n_hidden_nodes: int = eqx.field(static=True)

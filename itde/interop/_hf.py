@@ -15,14 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._blocks import PostNorm, PreNorm
 from .._controls import Block, PiecewiseConstant, stack
-from .._equation import TransformerIDE, key_mask
+from .._equation import TransformerIDE
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, GatedFeedForward
 from .._operators._layernorm import LayerNormProjection
+from .._operators._mask import key_mask
 from .._operators._rmsnorm import RMSNormProjection
 from .._operators._rope import Rope
 from .._quadrature._rules import Grid
+from .._roles import kernel
+from ._positions import AbsolutePositions, AbstractPositions, NoPositions, RobertaPositions
 from ._torch import _np
 
 # Hugging Face activation names (`config.hidden_act`, `activation_function`, `activation`)
@@ -36,7 +40,6 @@ HF_ACTIVATIONS = {
     "swish": "silu",
     "quick_gelu": "quick_gelu",
 }
-POSITIONS = ("absolute", "roberta", "none")
 
 
 class HFTransformer(eqx.Module):
@@ -69,27 +72,26 @@ class HFTransformer(eqx.Module):
     - `token_type_embeddings`: `[types, features]`, or None.
     - `embedding_norm`: the embeddings' LayerNorm, or None.
     - `equation`: the layers and final norm.
-    - `positions`: `"absolute"` (`0..N-1`), `"roberta"` (from `padding_idx`) or `"none"`.
-    - `padding_idx`: RoBERTa's padding token id (positions only).
+    - `positions`: the position scheme: `AbsolutePositions()` (`0..N-1`),
+      `RobertaPositions(padding_idx)` or `NoPositions()`.
     - `source`: the name of the converted class, for messages.
     """
 
-    word_embeddings: Float[Array, "vocab features"]
-    position_embeddings: Float[Array, "positions features"] | None
-    token_type_embeddings: Float[Array, "types features"] | None
+    word_embeddings: Float[Array, "vocab features"] = kernel()
+    position_embeddings: Float[Array, "positions features"] | None = kernel()
+    token_type_embeddings: Float[Array, "types features"] | None = kernel()
     embedding_norm: LayerNormProjection | None
     equation: TransformerIDE
-    positions: str = eqx.field(static=True, default="absolute")
-    padding_idx: int | None = eqx.field(static=True, default=None)
+    positions: AbstractPositions = AbsolutePositions()
     source: str = eqx.field(static=True, default="")
 
     def __check_init__(self):
-        if self.positions not in POSITIONS:
-            raise ValueError(f"`positions`={self.positions!r} is not one of {POSITIONS}.")
-        if self.positions != "none" and self.position_embeddings is None:
-            raise ValueError(f"`positions`={self.positions!r} needs `position_embeddings`.")
-        if self.positions == "roberta" and self.padding_idx is None:
-            raise ValueError("`positions`='roberta' needs `padding_idx`.")
+        if not isinstance(self.positions, AbstractPositions):
+            raise TypeError(
+                f"`positions`={self.positions!r} must be a position scheme: "
+                "AbsolutePositions(), RobertaPositions(padding_idx) or NoPositions()."
+            )
+        self.positions.check(self.position_embeddings)
         if not isinstance(self.equation, TransformerIDE):
             raise TypeError(
                 f"`equation` must be an itde.TransformerIDE, got {type(self.equation).__name__}."
@@ -98,10 +100,7 @@ class HFTransformer(eqx.Module):
     @property
     def max_tokens(self) -> int | None:
         """The longest sequence the position table holds (None: no limit)."""
-        if self.positions == "none":
-            return None
-        n = self.position_embeddings.shape[0]
-        return n - self.padding_idx - 1 if self.positions == "roberta" else n
+        return self.positions.max_tokens(self.position_embeddings)
 
     def embed(
         self,
@@ -133,12 +132,7 @@ class HFTransformer(eqx.Module):
                 f"`token_type_ids` given, but this {self.source or 'model'} has no token type "
                 "embeddings; leave it out."
             )
-        if self.positions == "absolute":
-            u = u + self.position_embeddings[:n]
-        elif self.positions == "roberta":
-            real = (ids != self.padding_idx).astype(jnp.int32)
-            pos = jnp.cumsum(real) * real + self.padding_idx
-            u = u + self.position_embeddings[pos]
+        u = self.positions.embed(u, ids, self.position_embeddings)
         if self.embedding_norm is not None:
             u = self.embedding_norm(u)
         return u
@@ -352,9 +346,8 @@ def _bert(model, name: str) -> HFTransformer:
         position_embeddings=_a(emb.position_embeddings.weight),
         token_type_embeddings=_a(emb.token_type_embeddings.weight),
         embedding_norm=_layer_norm(emb.LayerNorm),
-        equation=_equation(blocks, causal=False, block="post_norm"),
-        positions="roberta" if roberta else "absolute",
-        padding_idx=int(emb.padding_idx) if roberta else None,
+        equation=_equation(blocks, causal=False, block=PostNorm()),
+        positions=RobertaPositions(int(emb.padding_idx)) if roberta else AbsolutePositions(),
         source=name,
     )
 
@@ -380,8 +373,8 @@ def _distilbert(model, name: str) -> HFTransformer:
         position_embeddings=_a(emb.position_embeddings.weight),
         token_type_embeddings=None,
         embedding_norm=_layer_norm(emb.LayerNorm),
-        equation=_equation(blocks, causal=False, block="post_norm"),
-        positions="absolute",
+        equation=_equation(blocks, causal=False, block=PostNorm()),
+        positions=AbsolutePositions(),
         source=name,
     )
 
@@ -442,9 +435,9 @@ def _gpt2(model, name: str) -> HFTransformer:
         token_type_embeddings=None,
         embedding_norm=None,
         equation=_equation(
-            blocks, causal=True, block="pre_norm", final_norm=_layer_norm(model.ln_f)
+            blocks, causal=True, block=PreNorm(), final_norm=_layer_norm(model.ln_f)
         ),
-        positions="absolute",
+        positions=AbsolutePositions(),
         source=name,
     )
 
@@ -495,9 +488,9 @@ def _llama(model, name: str) -> HFTransformer:
         token_type_embeddings=None,
         embedding_norm=None,
         equation=_equation(
-            blocks, causal=True, block="pre_norm", final_norm=_rms_norm(model.norm), rope=rope
+            blocks, causal=True, block=PreNorm(), final_norm=_rms_norm(model.norm), rope=rope
         ),
-        positions="none",
+        positions=NoPositions(),
         source=name,
     )
 
@@ -536,7 +529,7 @@ def from_hf(model: Any) -> HFTransformer:
     """Convert a Hugging Face `transformers` model into an equivalent equation.
 
     Supported: `BertModel`, `RobertaModel`, `DistilBertModel` (post-LN encoders:
-    `block="post_norm"`; word + position (+ token type) embeddings and their LayerNorm are
+    `block=PostNorm()`; word + position (+ token type) embeddings and their LayerNorm are
     the initial condition), `GPT2Model` (pre-LN, causal, final `ln_f`) and `LlamaModel`
     (pre-norm with RMSNorm, RoPE, SwiGLU, grouped-query attention, any `head_dim`,
     `attention_bias`, `mlp_bias`). Parameters keep the model's dtype (float32, float64).

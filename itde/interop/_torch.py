@@ -8,14 +8,14 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_bool, check_choice
+from .._blocks import PostNorm, PreNorm
+from .._checks import check_bool
 from .._controls import Block, PiecewiseConstant, stack
 from .._equation import TransformerIDE
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward
 from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import Grid, Midpoint
-from .._registry import FFN_FORMS
 
 
 def _torch():
@@ -131,12 +131,13 @@ def _block(layer) -> Block:
     return Block(attention, _norm(layer.norm1), feedforward, _norm(layer.norm2))
 
 
-def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual") -> TransformerIDE:
+def from_torch(module: Any, *, causal: bool = False, relaxation: bool = False) -> TransformerIDE:
     """Convert a PyTorch Transformer encoder into an equivalent `TransformerIDE`.
 
     `module` is an `nn.TransformerEncoderLayer` or an `nn.TransformerEncoder`: post-LN
-    (`norm_first=False`, the paper's equation, `block="post_norm"`) or pre-LN
-    (`norm_first=True`, `block="pre_norm"`; `ffn_form` must then be `"residual"`),
+    (`norm_first=False`, the paper's equation, `block=PostNorm(relaxation=relaxation)`:
+    the relaxation form equals the module when its `layer_norm_eps` is 0) or pre-LN
+    (`norm_first=True`, `block=PreNorm()`; `relaxation` must then be False),
     either `batch_first`, ReLU or GELU, any `nhead`, `dim_feedforward`,
     `layer_norm_eps`, with or without biases, with or without a final `norm`, in float64,
     float32, float16 or bfloat16). Pass `causal=True` to reproduce the module called with a
@@ -166,19 +167,22 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
             f"{type(module).__name__}."
         )
     check_bool("causal", causal)
-    check_choice("ffn_form", ffn_form, FFN_FORMS)
+    check_bool("relaxation", relaxation)
     firsts = {bool(getattr(layer, "norm_first", False)) for layer in layers}
     if len(firsts) != 1:
         raise ValueError(
             "`module` mixes pre-LN and post-LN layers (`norm_first` differs between layers); "
             "one equation has one block form."
         )
-    block = "pre_norm" if firsts.pop() else "post_norm"
-    if block == "pre_norm" and ffn_form != "residual":
-        raise ValueError(
-            f"`ffn_form`={ffn_form!r} is a form of the post-LN feed-forward substep; a pre-LN "
-            "module (norm_first=True) converts with ffn_form='residual'."
-        )
+    if firsts.pop():
+        if relaxation:
+            raise ValueError(
+                "`relaxation=True` is a form of the post-LN feed-forward substep; a pre-LN "
+                "module (norm_first=True) converts with relaxation=False."
+            )
+        block = PreNorm()
+    else:
+        block = PostNorm(relaxation=relaxation)
     blocks = [_block(layer) for layer in layers]
     d = blocks[0].attention.n_features
     batch_first = bool(getattr(layers[0].self_attn, "batch_first", False))
@@ -186,7 +190,6 @@ def from_torch(module: Any, *, causal: bool = False, ffn_form: str = "residual")
         PiecewiseConstant(stack(blocks)),
         Grid.unit(d),
         causal=causal,
-        ffn_form=ffn_form,
         final_norm=norm,
         batch_axis=0 if batch_first else 1,
         block=block,
@@ -208,13 +211,14 @@ def _torch_norm(norm: LayerNormProjection, d: int, bias: bool, dtype):
 
 def to_torch(model: TransformerIDE, *, batch_first: bool = True):
     """The `nn.TransformerEncoder` (eval mode) equal to a discrete `TransformerIDE`:
-    post-LN for `block="post_norm"`, pre-LN (`norm_first=True`) for `block="pre_norm"`.
+    post-LN for `block=PostNorm()`, pre-LN (`norm_first=True`) for `block=PreNorm()`.
 
     Needs the unit grid (the standard Transformer's), per-layer (piecewise-constant)
     controls with matrix kernels, LayerNorm normalisations, a plain (not gated)
     feed-forward with ReLU or GELU, attention PyTorch can hold (as many key/value heads
-    as query heads, head size `d_model / nhead`, no RoPE), and the residual feed-forward
-    form (the relaxation form only when $\\varepsilon = 0$, where the two agree). A causal
+    as query heads, head size `d_model / nhead`, no RoPE, no score bias), and the
+    residual feed-forward form (the relaxation form only when $\\varepsilon = 0$, where
+    the two agree). A causal
     model's module must be called with a causal mask, as PyTorch's own API requires.
     """
     torch = _torch()
@@ -245,13 +249,14 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             "`to_torch(model)` needs the unit grid (Grid.unit(d)); resample the model onto "
             "it first."
         )
-    if model.block == "parallel":
-        raise ValueError(
-            "`to_torch(model)`: a block='parallel' model has no nn.TransformerEncoderLayer "
-            "equivalent (PyTorch's layer is post-LN or pre-LN)."
-        )
     if model.rope is not None:
         raise ValueError("`to_torch(model)`: PyTorch's encoder layer has no rotary embedding.")
+    if model.score_bias is not None:
+        raise ValueError(
+            f"`to_torch(model)`: the model's score bias ({type(model.score_bias).__name__}) has "
+            "no place in nn.TransformerEncoderLayer (its attention adds no bias to the scores); "
+            "PyTorch's module would silently compute another network."
+        )
     v = model.controls.values
     for name in ("norm1", "norm2"):
         if not isinstance(getattr(v, name), LayerNormProjection):
@@ -280,11 +285,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             f"{a0.value_dim} for d_model {d}."
         )
     eps = v.norm1.eps
-    if model.ffn_form == "relaxation" and eps > 0:
-        raise ValueError(
-            "`to_torch(model)`: the relaxation form with eps > 0 has no PyTorch equivalent; "
-            "use ffn_form='residual' or eps=0."
-        )
+    layer_options = model.block.torch_layer_options(eps)
     if v.norm2.eps != eps:
         raise ValueError("`to_torch(model)`: both LayerNorms of a layer must share eps.")
     att, ff = v.attention, v.feedforward
@@ -306,8 +307,8 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
         or torch.nn.GELU(approximate="tanh"),
         layer_norm_eps=eps,
         batch_first=batch_first,
-        norm_first=model.block == "pre_norm",
         bias=bias,
+        **layer_options,
         dtype=dtype,
     )
     final = None

@@ -21,6 +21,7 @@ import numpy as np
 
 import itde_solvers as solvers
 
+from .._blocks import PreNorm
 from .._config import ConfigError, ConvergeExperiment, ProblemConfig
 from .._controls import LegendreControls
 from .._equation import TransformerIDE
@@ -111,7 +112,7 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     results = _scheme_rows(model, u0, ref, s.schemes, dts, max(s.steps), bar)
     if s.pre_norm_schemes:
         # the same controls, normalisation inside the operators: an ODE with no constraint
-        pre = dataclasses.replace(model, block="pre_norm")
+        pre = dataclasses.replace(model, block=PreNorm())
         pre_ref, pre_steps = reference_solution(pre, u0, r.rtol, r.atol, r.max_steps)
         reference["pre_norm_steps"] = int(pre_steps)
         results += _scheme_rows(
@@ -151,9 +152,8 @@ def _scheme_rows(model, u0, ref, names, dts, max_n, bar, prefix: str = "") -> li
         for dt in dts:
             u = final(jnp.asarray(dt))
             errors.append(float(jnp.max(jnp.abs(u - ref))))
-            if model.block == "post_norm":
-                rm, rv = model.constraint(model.depth).residuals(u)
-                on_set.append(max(float(rm), float(rv)))
+            if model.has_constraint:
+                on_set.append(float(model.constraint(model.depth).residual(u)))
             bar.set_postfix(scheme=prefix + name)
             bar.update()
         rows.append(

@@ -8,7 +8,7 @@
   model, loss and metrics of each.
 - Models: [`TokenModel`][], [`FieldModel`][], [`build_model`][], [`with_depth`][],
   [`predict`][], [`loss_fn`][].
-- Training: [`train`][], [`Run`][], [`make_step`][], [`make_optimizer`][],
+- Training: [`train`][] (a [`TrainResult`][]), [`Run`][], [`make_step`][], [`make_optimizer`][],
   [`evaluate`][]; checkpoints [`save_checkpoint`][], [`load_checkpoint`][],
   [`read_checkpoint_meta`][], [`CheckpointError`][].
 - Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
@@ -31,7 +31,16 @@ from ._config import (
     to_dict,
 )
 from ._evaluate import evaluate
-from ._loop import Run, make_mesh, make_optimizer, make_schedule, make_step, place, train
+from ._loop import (
+    Run,
+    TrainResult,
+    make_mesh,
+    make_optimizer,
+    make_schedule,
+    make_step,
+    place,
+    train,
+)
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
 from ._task import AbstractTask
@@ -72,5 +81,6 @@ __all__ = [
     "save_checkpoint",
     "to_dict",
     "train",
+    "TrainResult",
     "with_depth",
 ]

@@ -149,7 +149,7 @@ class ModelConfig:
                 f"{self.n_features}"
             )
         choices("model.activation", self.activation, ACTIVATIONS)
-        choices("model.ffn_form", self.ffn_form, FFN_FORMS)
+        choices("model.ffn_form", self.ffn_form, tuple(FFN_FORMS))
         choices("model.scheme", self.scheme, SCHEMES)
         limit = float(self.n_layers) if self.continuous else 1.0
         if self.dt > limit:

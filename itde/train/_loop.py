@@ -35,11 +35,13 @@ equal to an uninterrupted run (same devices and versions).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -48,7 +50,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .._operators._layernorm import LayerNormProjection
+from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
 from ._config import (
@@ -65,7 +67,6 @@ from ._model import loss_fn
 from ._tasks import TASKS
 
 _ERRORS = (ckpt.CheckpointError, ConfigError)  # raised again on every process of a run
-_DECAYED = ("wq", "wk", "wv", "wo", "w1", "w2", "embedding", "position", "readout", "lift")
 
 
 # ----------------------------------------------------------------------- optimiser
@@ -78,30 +79,17 @@ def make_schedule(o) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    """Weight decay on kernels and embeddings only (not biases or constraint sets)."""
-
-    def decide(path, leaf):
-        names = {getattr(k, "name", None) for k in path}
-        return leaf is not None and bool(names & set(_DECAYED))
-
-    return jax.tree_util.tree_map_with_path(decide, params)
+    """Weight decay on the parameters whose fields declare it (kernels and embeddings:
+    `itde.parameter_roles`), not on biases, gains or constraint sets."""
+    return jax.tree.map(lambda role: role == DECAY, parameter_roles(params))
 
 
 def _labels(params):
-    r"""`"frozen"` for the scalars $\sigma_1, \sigma_2$ of a constraint set that also has a
-    per-feature gain (then $u \mapsto g(\sigma_2 z + \sigma_1) + \beta$ makes them
-    redundant, and PyTorch's LayerNorm has no such parameters); `"train"` elsewhere."""
-
-    def label(node):
-        if not isinstance(node, LayerNormProjection):
-            return jax.tree.map(lambda _: "train", node)
-        out = jax.tree.map(lambda _: "train", node)
-        if node.gain is not None:
-            out = eqx.tree_at(lambda n: (n.sigma1, n.sigma2), out, ("frozen", "frozen"))
-        return out
-
-    is_norm = lambda x: isinstance(x, LayerNormProjection)  # noqa: E731
-    return jax.tree.map(label, params, is_leaf=is_norm)
+    r"""`"frozen"` where a module declares a parameter frozen (e.g. the scalars
+    $\sigma_1, \sigma_2$ of a LayerNorm that also has a per-feature gain), `"train"`
+    elsewhere (see `itde.parameter_roles`)."""
+    roles = parameter_roles(params)
+    return jax.tree.map(lambda role: "frozen" if role == FROZEN else "train", roles)
 
 
 @functools.lru_cache(maxsize=32)
@@ -338,6 +326,26 @@ def _read_metrics(path: Path, upto: int) -> list[dict]:
     return [r for r in rows if r["step"] <= upto]
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What [`train`][itde.train.train] returns.
+
+    **Fields:** `step` (the last step taken), `metrics` (the last logged row: loss, lr,
+    evaluation metrics), `wall_s` (training time, resumed runs included), `out` (the output
+    directory), `files` (every file written, the checkpoint's state file included; empty
+    when a resumed run was already complete), `complete` (the run reached `optim.steps`),
+    `model` and `opt_state` (the trained model and optimiser state)."""
+
+    step: int
+    metrics: dict
+    wall_s: float
+    out: str
+    files: list[str]
+    complete: bool
+    model: Any
+    opt_state: Any
+
+
 def train(
     cfg: TrainExperiment | None = None,
     *,
@@ -348,7 +356,7 @@ def train(
     stop_at: int | None = None,
     progress: bool | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> TrainResult:
     """Train a model; write `metrics.jsonl`, `loss_curve.png` and checkpoints into `out`.
 
     **Arguments:**
@@ -364,10 +372,7 @@ def train(
     - `progress`: show a tqdm bar (default `cfg.run.progress`).
     - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
 
-    **Returns:** a summary dict: `step` (the last step), `metrics` (the last logged row),
-    `wall_s`, `out`, `files` (every file written, the checkpoint's state file included;
-    empty when a resumed run was already complete), `complete` (the run reached
-    `optim.steps`), `model`, `opt_state`.
+    **Returns:** a [`TrainResult`][itde.train.TrainResult].
     """
     if cfg is not None and not isinstance(cfg, TrainExperiment):
         raise TypeError(
@@ -401,16 +406,16 @@ def train(
         start, wall0, rows = 0, 0.0, []
     total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
     if start >= total:  # a finished run: nothing to train, nothing is written
-        return {
-            "step": start,
-            "metrics": rows[-1] if rows else {},
-            "wall_s": wall0,
-            "out": str(out),
-            "files": [],
-            "complete": True,
-            "model": model,
-            "opt_state": opt_state,
-        }
+        return TrainResult(
+            step=start,
+            metrics=rows[-1] if rows else {},
+            wall_s=wall0,
+            out=str(out),
+            files=[],
+            complete=True,
+            model=model,
+            opt_state=opt_state,
+        )
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.atomic_write(
@@ -471,13 +476,13 @@ def train(
         files = [out / "metrics.jsonl", out / "loss_curve.png"]
         if saved:
             files += [out / ckpt.SIDECAR, out / ckpt.read_meta(out)["leaves"]]
-    return {
-        "step": done,
-        "metrics": last,
-        "wall_s": wall0 + time.perf_counter() - t_start,
-        "out": str(out),
-        "files": [str(f) for f in files],
-        "complete": done >= total,
-        "model": model,
-        "opt_state": opt_state,
-    }
+    return TrainResult(
+        step=done,
+        metrics=last,
+        wall_s=wall0 + time.perf_counter() - t_start,
+        out=str(out),
+        files=[str(f) for f in files],
+        complete=done >= total,
+        model=model,
+        opt_state=opt_state,
+    )

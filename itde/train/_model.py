@@ -31,11 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .._blocks import block_from_names
 from .._controls import LegendreControls, PiecewiseConstant
 from .._equation import TransformerIDE
 from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
 from .._random import normal, uniform
 from .._registry import SCHEMES
+from .._roles import kernel
 from .._solve import solve
 
 __all__ = [
@@ -99,10 +101,10 @@ class TokenModel(eqx.Module):
     then `logits = u(T) W + b`. Call on one sequence of int tokens `[n]`, $n \le$ `context`;
     batch with `jax.vmap`."""
 
-    embedding: Float[Array, "vocab width"]
-    position: Float[Array, "context width"]
+    embedding: Float[Array, "vocab width"] = kernel()
+    position: Float[Array, "context width"] = kernel()
     ide: TransformerIDE
-    readout: Float[Array, "width vocab"]
+    readout: Float[Array, "width vocab"] = kernel()
     readout_bias: Float[Array, " vocab"]
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
@@ -138,10 +140,10 @@ class FieldModel(eqx.Module):
     $[u_0(x), \sin x, \cos x]$ lifted linearly to the width, the IDE on the periodic token
     domain $[0, 2\pi)$, a linear readout to one value per token. Any even $N$ works."""
 
-    lift: Float[Array, "3 width"]
+    lift: Float[Array, "3 width"] = kernel()
     lift_bias: Float[Array, " width"]
     ide: TransformerIDE
-    readout: Float[Array, " width"]
+    readout: Float[Array, " width"] = kernel()
     readout_bias: Float[Array, ""]
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
@@ -186,14 +188,16 @@ def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> Trans
     )
     if not m.continuous:
         return TransformerIDE.init(
-            key, n_layers=m.n_layers, eps=m.eps, causal=causal, ffn_form=m.ffn_form,
-            grid=grid, dtype=dtype, **block,
+            key, n_layers=m.n_layers, eps=m.eps, causal=causal,
+            block=block_from_names("post_norm", m.ffn_form), grid=grid, dtype=dtype, **block,
         )  # fmt: skip
     controls = LegendreControls.init(
         key, n_modes=m.n_modes, t1=float(m.n_layers), amplitude=0.1, sigma1=(0.0,),
         sigma2=(1.0,), eps=0.0, dtype=dtype, **block,
     )  # fmt: skip
-    return TransformerIDE(controls, grid, causal=causal, ffn_form=m.ffn_form)
+    return TransformerIDE(
+        controls, grid, causal=causal, block=block_from_names("post_norm", m.ffn_form)
+    )
 
 
 def init_token_model(

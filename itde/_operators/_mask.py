@@ -1,0 +1,36 @@
+"""The one validator of key masks (padding), for every entry point that takes one."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def key_mask(mask, n_tokens: int, name: str = "mask"):
+    """A key mask as booleans `[n_tokens]` (or `[batch, n_tokens]`): True on real tokens.
+
+    Accepts booleans and integer 0/1 masks (Hugging Face's `attention_mask`); names the
+    argument, the shape and the dtype it got otherwise."""
+    if mask is None:
+        return None
+    if type(mask).__module__.startswith("torch"):
+        raise TypeError(
+            f"`{name}` is a torch tensor; convert it first: "
+            f"`jnp.asarray({name}.detach().cpu().numpy())`."
+        )
+    mask = jnp.asarray(mask)
+    if mask.shape[-1:] != (n_tokens,):
+        raise ValueError(
+            f"`{name}` must have one entry per token, shape [..., {n_tokens}] for a sequence of "
+            f"{n_tokens} tokens, got shape {mask.shape}."
+        )
+    if mask.dtype == jnp.bool_:
+        return mask
+    if not jnp.issubdtype(mask.dtype, jnp.integer):
+        raise TypeError(
+            f"`{name}` must be boolean (True on real tokens, False on padding) or integer "
+            f"0/1, got dtype {mask.dtype}."
+        )
+    if not isinstance(mask, jax.core.Tracer) and not bool(jnp.all((mask == 0) | (mask == 1))):
+        raise ValueError(f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values.")
+    return mask != 0
