@@ -198,3 +198,20 @@ def test_learning_rate_cannot_end_above_its_peak():
 def test_empty_out_flag_is_an_error_not_ignored(tmp_path, capsys):
     assert itde.cli.main(["solve", "--out", ""]) == 2
     assert "`--out` is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [
+        lambda: itde.ALiBi.init(2),
+        lambda: itde.T5RelativeBias.init(jax.random.key(0), 2),
+        lambda: itde.DiscreteBias(jnp.ones((2, 4, 4))),
+    ],
+)
+def test_to_torch_refuses_a_score_bias_by_name(bias):
+    """nn.TransformerEncoderLayer adds no bias to its scores: a converted module would
+    compute another network (0.14-0.70 away), so the conversion refuses it."""
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=8, n_heads=2)
+    b = bias()
+    with pytest.raises(ValueError, match=f"score bias \\({type(b).__name__}\\)"):
+        itde.to_torch(eqx.tree_at(lambda x: x.score_bias, m, b, is_leaf=lambda x: x is None))

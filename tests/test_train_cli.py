@@ -74,8 +74,10 @@ def test_train_without_config_is_the_sort_task(monkeypatch, capsys):
 
     def fake_train(cfg, **kw):
         seen["cfg"] = cfg
-        return {"step": 0, "metrics": {}, "wall_s": 0.0, "out": "runs/sort", "files": [],
-                "complete": False}  # fmt: skip
+        return itde.train.TrainResult(
+            step=0, metrics={}, wall_s=0.0, out="runs/sort", files=[], complete=False,
+            model=None, opt_state=None,
+        )  # fmt: skip
 
     monkeypatch.setattr(itde.train, "train", fake_train)
     assert main(["train"]) == 0

@@ -225,9 +225,9 @@ class Attention(AbstractAttention):
           result to round-off) or [`Fused()`][itde.Fused]
           (`jax.nn.dot_product_attention`, whose softmax runs in float32).
         - `key_mask`: `[tokens]` booleans (or integers 0/1), False on keys outside the
-          sequence (padding): their quadrature weight is 0. A query keeps its own output; a query with no
-          admissible key (e.g. a padded token before every real one under `causal`) gets
-          attention output 0 (`bo` only).
+          sequence (padding): their quadrature weight is 0. A query keeps its own output;
+          a query with no admissible key (e.g. a padded token before every real one under
+          `causal`) gets attention output 0 (`bo` only).
         - `rotary`: `(cos, sin)` from [`Rope.cos_sin`][itde.Rope.cos_sin] at the token
           positions: queries and keys are rotated by them before the score.
         """
