@@ -326,6 +326,53 @@ def _read_metrics(path: Path, upto: int) -> list[dict]:
     return [r for r in rows if r["step"] <= upto]
 
 
+def _open(cfg, out, resume, devices, source, overwrite):
+    """A run's configuration, output directory, `Run` and starting state (fresh, or
+    restored from `resume`): `(cfg, out, run, model, opt_state, start, wall0, rows)`, with
+    the metrics rows logged up to the restored step."""
+    if cfg is not None and not isinstance(cfg, TrainExperiment):
+        raise TypeError(
+            f"`cfg` must be an itde.train.TrainExperiment, got {type(cfg).__name__}; read a "
+            "TOML file with `itde.train.load(TrainExperiment, path)`."
+        )
+    meta = None
+    if resume is not None:
+        meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)
+        cfg, meta = config_for_resume(resume, cfg, source, meta)
+    cfg = TrainExperiment() if cfg is None else cfg
+    if out is None:
+        out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"`out`={str(out)!r} is an existing file, not a directory; give a directory "
+            "(new or one of an earlier run) for metrics.jsonl, loss_curve.png and checkpoints"
+        )
+    if resume is None and not overwrite:
+        dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
+    run = Run(cfg, devices)
+    if resume is not None:
+        model, opt_state, meta = run.restore(resume, meta)
+        start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
+        rows = _read_metrics(Path(resume) / "metrics.jsonl", start) if dist.is_main() else []
+    else:
+        model, opt_state = run.init_state()
+        model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
+        start, wall0, rows = 0, 0.0, []
+    return cfg, out, run, model, opt_state, start, wall0, rows
+
+
+def _finish(out: Path, total: int, task, saved: bool) -> list[str]:
+    """The loss curve of the run's metrics, and every file the run wrote."""
+    from ._plot import plot_metrics
+
+    plot_metrics(_read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png", task)
+    files = [out / "metrics.jsonl", out / "loss_curve.png"]
+    if saved:
+        files += [out / ckpt.SIDECAR, out / ckpt.read_meta(out)["leaves"]]
+    return [str(f) for f in files]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
     """What [`train`][itde.train.train] returns.
@@ -374,36 +421,10 @@ def train(
 
     **Returns:** a [`TrainResult`][itde.train.TrainResult].
     """
-    if cfg is not None and not isinstance(cfg, TrainExperiment):
-        raise TypeError(
-            f"`cfg` must be an itde.train.TrainExperiment, got {type(cfg).__name__}; read a "
-            "TOML file with `itde.train.load(TrainExperiment, path)`."
-        )
-    meta = None
-    if resume is not None:
-        meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)
-        cfg, meta = config_for_resume(resume, cfg, source, meta)
-    cfg = TrainExperiment() if cfg is None else cfg
-    if out is None:
-        out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(
-            f"`out`={str(out)!r} is an existing file, not a directory; give a directory "
-            "(new or one of an earlier run) for metrics.jsonl, loss_curve.png and checkpoints"
-        )
-    if resume is None and not overwrite:
-        dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
-    run = Run(cfg, devices)
+    cfg, out, run, model, opt_state, start, wall0, rows = _open(
+        cfg, out, resume, devices, source, overwrite
+    )
     is_main = dist.is_main()
-    if resume is not None:
-        model, opt_state, meta = run.restore(resume, meta)
-        start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
-        rows = _read_metrics(Path(resume) / "metrics.jsonl", start) if is_main else []
-    else:
-        model, opt_state = run.init_state()
-        model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
-        start, wall0, rows = 0, 0.0, []
     total, r, bs = cfg.optim.steps, cfg.run, cfg.optim.batch_size
     if start >= total:  # a finished run: nothing to train, nothing is written
         return TrainResult(
@@ -466,22 +487,13 @@ def train(
         if stop_at is not None and done >= stop_at:
             break
     bar.close()
-    files = []
-    if is_main:
-        from ._plot import plot_metrics
-
-        plot_metrics(
-            _read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png", run.task
-        )
-        files = [out / "metrics.jsonl", out / "loss_curve.png"]
-        if saved:
-            files += [out / ckpt.SIDECAR, out / ckpt.read_meta(out)["leaves"]]
+    files = _finish(out, total, run.task, saved) if is_main else []
     return TrainResult(
         step=done,
         metrics=last,
         wall_s=wall0 + time.perf_counter() - t_start,
         out=str(out),
-        files=[str(f) for f in files],
+        files=files,
         complete=done >= total,
         model=model,
         opt_state=opt_state,
