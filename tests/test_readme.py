@@ -117,9 +117,10 @@ def _python_blocks(training: bool):
 
 @pytest.mark.slow  # 3 fresh compiles of small models: 17-24 s each on a 2-core CPU
 def test_python_blocks_run_as_written(tmp_path):
-    """The model blocks (from PyTorch, continuous depth, function kernels)."""
+    """The model blocks (from PyTorch, continuous depth, function kernels, the family, the
+    Hugging Face conversion)."""
     blocks = _python_blocks(training=False)
-    assert len(blocks) == 3
+    assert len(blocks) == 5
     out = _run_python(blocks, _scratch(tmp_path))
     assert "(5, 8, 12)" in out and "(16, 16) (32, 32)" in out
 
