@@ -75,9 +75,11 @@ def _torch_out(enc, x, keep, causal):
 @pytest.mark.parametrize(
     "case",
     CASES,
-    ids=["-".join([n for n, v in zip(SWITCHES, c[:-1], strict=True) if v] or ["post"])
-         + f"-eps{c[-1]}"
-         for c in CASES],  # fmt: skip
+    ids=[
+        "-".join([n for n, v in zip(SWITCHES, c[:-1], strict=True) if v] or ["post"])
+        + f"-eps{c[-1]}"
+        for c in CASES
+    ],
 )
 def test_from_torch_and_to_torch_equal_pytorch(case):
     pre, gelu, final, causal, batch_first, bias, eps = case
