@@ -1,6 +1,7 @@
 """The training losses and held-out metrics of `itde.train` against independent
 computations: PyTorch's `F.cross_entropy` for the token tasks (sort, charlm), NumPy written
-out here for the field task (burgers), on the same outputs and targets.
+out here for the field task (burgers), on the same outputs and targets. (The loss of a
+training step against PyTorch's cross-entropy of the model's logits: `test_learning.py`.)
 
 The gradient test of the training loss (`test_train_grad.py`) agrees with whatever the loss
 computes; these tests say what it must compute. Shapes are distinct on every axis
@@ -10,14 +11,13 @@ different number.
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from itde.train import TASKS, TrainExperiment, build_model, from_dict, loss_fn, predict
+from itde.train import TASKS, TrainExperiment, from_dict
 
 BATCH, LENGTH, VOCAB = 3, 5, 7
 TOL = {np.float64: 1e-13, np.float32: 2e-6}  # relative, of a loss of order 1
@@ -93,22 +93,3 @@ def test_burgers_loss_and_metric_written_out():
     )
     sums = task.metric_sums(jnp.asarray(out), jnp.asarray(y))
     assert float(sums["eval_rel_l2"]) == pytest.approx(rel, rel=1e-13)
-
-
-def test_loss_fn_is_the_cross_entropy_of_the_prediction():
-    """`loss_fn(model, (x, y), task)` is PyTorch's cross-entropy of the model's logits."""
-    cfg = from_dict(
-        TrainExperiment,
-        {
-            "task": {"name": "sort", "length": LENGTH, "vocab": VOCAB},
-            "model": {"n_layers": 1, "n_features": 4, "n_heads": 2, "n_hidden": 6},
-        },
-    )
-    task = TASKS["sort"](cfg.task)
-    model = build_model(cfg, jax.random.key(0), task=task, dtype=jnp.float64)
-    x, y = (jnp.asarray(a) for a in task.train_batch(jax.random.key(1), BATCH))
-    both = jax.jit(lambda m: (predict(m, x), loss_fn(m, (x, y), task)))  # one compile
-    logits, ours = both(model)
-    assert logits.shape == (BATCH, LENGTH, VOCAB)
-    ours, ref = float(ours), float(_torch_ce(logits, y))
-    assert abs(ours - ref) <= 1e-13 * ref, (ours, ref)
