@@ -77,7 +77,7 @@ def test_resnet_ode_smooth_weights_converge_at_first_order(gallery, tmp_path, ca
     data = _run(gallery("resnet_ode"), "resnet_ode", tmp_path, capsys)
     assert 0.8 <= data["rate_smooth"] <= 1.2
     errs = [r["smooth"] for r in data["rows"]]
-    assert all(b < a for a, b in zip(errs, errs[1:]))
+    assert all(b < a for a, b in zip(errs[:-1], errs[1:], strict=True))
 
 
 @pytest.mark.slow  # ~70 s: a training step compiled for each of the three depth schemes
