@@ -4,8 +4,9 @@ it does (tokens stay on the sphere and cluster, first-order convergence of the r
 Transformer with smooth weights, equal kernel parameters across depth schemes, exact
 trigonometric interpolation).
 
-The tiny runs of `resnet_ode.py` and `splitting_blocks.py` are behind `-m slow` (each
-is a few diffrax compiles, about a minute on a 2-core CPU)."""
+The tiny runs of `resnet_ode.py`, `splitting_blocks.py` and `resolution_transfer.py` are
+behind `-m slow` (each is a few diffrax compiles, up to a minute on a 2-core CPU); their
+models are built and run by default in `test_gallery_smoke.py`."""
 
 from __future__ import annotations
 
