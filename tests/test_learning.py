@@ -5,18 +5,14 @@ Sorting 4 digits from {0, 1, 2, 3}: chance is $\\ln 4 \\approx 1.39$ nats per po
 Each step's loss is measured on a fresh batch before the step updates on it, so the loss
 at the end is a held-out figure. Measured: 1.54 at step 0, 0.18 averaged over the last
 five steps (about an eighth). A broken gradient, optimiser or loss leaves it near chance.
-The loss the step minimises is also checked against PyTorch's cross-entropy of the model's
-logits on the first batch.
 The full-size runs (`configs/sort.toml` to 99% accuracy) are `-m slow` in `test_train_cli.py`.
 """
 
 import math
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from itde.train import Run, TrainExperiment, from_dict, make_step, place, predict
+from itde.train import Run, TrainExperiment, from_dict, make_step, place
 
 STEPS = 60
 FACTOR = 4  # the loss must fall at least this much
@@ -36,16 +32,10 @@ def test_sort_loss_falls_fourfold_in_sixty_steps():
     # replicated over the mesh, as `train` does: one compile serves every step
     model, opt = place(model, run.replicated), place(opt, run.replicated)
     step = make_step(run.optimizer, run.task)
-    x, y = run.batch(0)
-    logits = torch.tensor(np.asarray(predict(model, x), np.float64))
-    ref = float(
-        F.cross_entropy(logits.reshape(-1, 4), torch.tensor(np.asarray(y, np.int64)).ravel())
-    )
     losses = []
     for i in range(STEPS):
         model, opt, loss = step(model, opt, run.batch(i))
         losses.append(float(loss))
-    assert abs(losses[0] - ref) <= 1e-6 * ref, (losses[0], ref)  # float32 round-off
     assert all(math.isfinite(v) for v in losses), losses
     first, last = losses[0], float(np.mean(losses[-5:]))
     assert first > 0.9 * math.log(4), first  # an untrained model is near chance

@@ -1,7 +1,6 @@
 """The training losses and held-out metrics of `itde.train` against independent
 computations: PyTorch's `F.cross_entropy` for the token tasks (sort, charlm), NumPy written
-out here for the field task (burgers), on the same outputs and targets. (The loss of a
-training step against PyTorch's cross-entropy of the model's logits: `test_learning.py`.)
+out here for the field task (burgers), on the same outputs and targets.
 
 The gradient test of the training loss (`test_train_grad.py`) agrees with whatever the loss
 computes; these tests say what it must compute. Shapes are distinct on every axis
@@ -11,13 +10,15 @@ different number.
 
 import math
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from itde.train import TASKS, TrainExperiment, from_dict
+from itde.train import TASKS, TrainExperiment, from_dict, loss_fn
 
 BATCH, LENGTH, VOCAB = 3, 5, 7
 TOL = {np.float64: 1e-13, np.float32: 2e-6}  # relative, of a loss of order 1
@@ -93,3 +94,26 @@ def test_burgers_loss_and_metric_written_out():
     )
     sums = task.metric_sums(jnp.asarray(out), jnp.asarray(y))
     assert float(sums["eval_rel_l2"]) == pytest.approx(rel, rel=1e-13)
+
+
+class _FixedLogits(eqx.Module):
+    """A stand-in model whose batched prediction is given logits (no depth solve)."""
+
+    logits: jax.Array
+    readout: jax.Array
+
+    def batched(self, x):
+        return self.logits
+
+
+@pytest.mark.parametrize("name", ["sort", "charlm"])
+def test_loss_fn_is_the_task_loss_of_the_prediction(name):
+    """`loss_fn(model, (x, y), task)`, the training loss, is PyTorch's cross-entropy of the
+    model's batched prediction."""
+    task = _task(name, **({"length": LENGTH, "vocab": VOCAB} if name == "sort" else {}))
+    logits, targets = _logits(np.float64, seed=4)
+    model = _FixedLogits(jnp.asarray(logits), jnp.zeros((VOCAB,), jnp.float64))
+    x = jnp.zeros((BATCH, LENGTH), jnp.int32)
+    ours = float(loss_fn(model, (x, jnp.asarray(targets)), task))
+    ref = float(_torch_ce(logits, targets))
+    assert abs(ours - ref) <= TOL[np.float64] * ref, (ours, ref)
