@@ -92,20 +92,22 @@ class DepthKnots(itde.AbstractControls):
     def default_step(self) -> float:
         return 1.0
 
-    def __call__(self, t, side: str = "right") -> itde.Block:
+    def __call__(self, t, side: str = "right", part: str | None = None) -> itde.Block:
+        # `part` ("attention", "norm1", "feedforward", "norm2"): that operator only
+        knots = self.knots if part is None else getattr(self.knots, part)
         n = self.n.astype(jnp.float64)
         s = jnp.asarray(t, jnp.float64) * n
         if self.linear:
             i = jnp.clip(jnp.floor(s), 0, n - 1)
             w = s - i
             i = i.astype(jnp.int32)
-            return jax.tree.map(lambda a: (1 - w) * a[i] + w * a[i + 1], self.knots)
+            return jax.tree.map(lambda a: (1 - w) * a[i] + w * a[i + 1], knots)
         # a time within round-off of a knot is on the knot; a vector field (right side)
         # at t_n uses layer n, a projection (left side) at t_{n+1} also layer n
         s = jnp.where(jnp.abs(s - jnp.round(s)) < 1e-9 * jnp.maximum(1.0, s), jnp.round(s), s)
         i = jnp.floor(s) if side == "right" else jnp.ceil(s) - 1
         i = jnp.clip(i, 0, n - 1).astype(jnp.int32)
-        return jax.tree.map(lambda a: a[i], self.knots)
+        return jax.tree.map(lambda a: a[i], knots)
 
 
 def exact_norms(block: itde.Block) -> itde.Block:

@@ -57,23 +57,39 @@ def fourier_interpolate(v: np.ndarray, n: int) -> np.ndarray:
     return np.fft.irfft(full, n=n, axis=-1) * (n / m)
 
 
+def setup(tiny: bool) -> dict:
+    """The experiment's sizes: training grid, evaluation grids, model width, optimiser."""
+    if tiny:
+        return dict(
+            n_train=16, grids=(16, 32), eval_size=8,
+            width=dict(n_layers=2, n_features=8, n_heads=2, n_hidden=16),
+            optim={"steps": 3, "warmup": 1, "batch_size": 8},
+        )  # fmt: skip
+    return dict(
+        n_train=32, grids=(32, 64, 128, 256), eval_size=128,
+        width=dict(n_layers=3, n_features=32, n_heads=4, n_hidden=64),
+        optim={"steps": 1000, "warmup": 100, "batch_size": 16},
+    )  # fmt: skip
+
+
+def make_config(tiny: bool):
+    """The training config: `configs/burgers.toml` on the training grid, Lie blocks."""
+    s = setup(tiny)
+    return config(
+        "configs/burgers.toml",
+        task={"n_grid": s["n_train"], "eval_size": s["eval_size"]},
+        model={**s["width"], "scheme": "lie", "dt": 1.0},
+        optim=s["optim"],
+    )
+
+
 def main(argv=None) -> dict:
     args = parser(__doc__, "resolution_transfer").parse_args(argv)
     out = Path(args.out)
-    n_train = 16 if args.tiny else 32
-    grids = (16, 32) if args.tiny else (32, 64, 128, 256)
-    if args.tiny:
-        width = dict(n_layers=2, n_features=8, n_heads=2, n_hidden=16)
-        optim, eval_size = {"steps": 3, "warmup": 1, "batch_size": 8}, 8
-    else:
-        width = dict(n_layers=3, n_features=32, n_heads=4, n_hidden=64)
-        optim, eval_size = {"steps": 1000, "warmup": 100, "batch_size": 16}, 128
-    cfg = config(
-        "configs/burgers.toml",
-        task={"n_grid": n_train, "eval_size": eval_size},
-        model={**width, "scheme": "lie", "dt": 1.0},
-        optim=optim,
-    )
+    s = setup(args.tiny)
+    n_train, grids, width = s["n_train"], s["grids"], s["width"]
+    optim, eval_size = s["optim"], s["eval_size"]
+    cfg = make_config(args.tiny)
     log(f"burgers: train on {n_train} points, {cfg.optim.steps} steps; evaluate on {grids}")
     trainer = Trainer(cfg)
     model, metrics, timing, run = trainer.run(0, log)

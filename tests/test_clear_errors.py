@@ -39,8 +39,8 @@ def test_half_precision_models_convert_both_ways(dtype):
     expected = {torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16}[dtype]
     assert m.controls.values.attention.wq.dtype == expected
     back = itde.to_torch(m)
-    for (k, a), b in zip(enc.state_dict().items(), back.state_dict().values()):
-        assert a.dtype == b.dtype and torch.equal(a, b), k
+    for (k, a), (kb, b) in zip(enc.state_dict().items(), back.state_dict().items(), strict=True):
+        assert k == kb and a.dtype == b.dtype and torch.equal(a, b), k
 
 
 def test_to_torch_refuses_what_pytorch_cannot_hold(smooth):

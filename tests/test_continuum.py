@@ -91,7 +91,7 @@ def test_every_saved_state_lies_on_the_moving_constraint(problem, name):
     sol = itde.solve(
         model, u0, solver=SCHEMES[name].make(), dt0=1 / 16, saveat=diffrax.SaveAt(ts=ts)
     )
-    for t, u in zip(ts, sol.ys):
+    for t, u in zip(ts, sol.ys, strict=True):
         rm, rv = model.constraint(t).residuals(u).values()
         assert float(rm) < 1e-12 and float(rv) < 1e-12, (name, float(t))
     sigma2 = [float(model.constraint(t).sigma2) for t in (0.0, 1.0)]

@@ -58,7 +58,7 @@ def test_batch_windows(text_file):
         assert x.dtype == y.dtype == jnp.int32
         np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # y is x shifted by one
         whole = corpus.decode(data)
-        for row_x, row_y in zip(np.asarray(x), np.asarray(y)):
+        for row_x, row_y in zip(np.asarray(x), np.asarray(y), strict=True):
             window = corpus.decode(row_x) + corpus.decode(row_y[-1:])
             assert window in whole
     a = corpus.batch(key, "train", 8, 5)

@@ -21,7 +21,9 @@ def _attention(key, d=12, h=3, bias=True):
             att,
             tuple(
                 0.3 * jax.random.normal(k, x.shape)
-                for k, x in zip(jax.random.split(key, 4), (att.bq, att.bk, att.bv, att.bo))
+                for k, x in zip(
+                    jax.random.split(key, 4), (att.bq, att.bk, att.bv, att.bo), strict=True
+                )
             ),
         )
     return att

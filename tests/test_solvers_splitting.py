@@ -365,7 +365,7 @@ class _ReversedLieTrotter(AbstractSplittingSolver):
 
     def compose(self, flows, subs, t0, t1, y0, args):
         y, results = y0, []
-        for term, sub in reversed(tuple(zip(flows, subs))):
+        for term, sub in reversed(tuple(zip(flows, subs, strict=True))):
             y, result = itde_solvers.advance(term, sub, t0, t1, y, args)
             results.append(result)
         return y, itde_solvers.combine_results(results)

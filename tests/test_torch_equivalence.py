@@ -59,7 +59,8 @@ def _torch_out(enc, x, causal, batch_first):
 # By default two (case, precision) pairs that together cover every option (gelu, eps 0 and
 # > 0, causal, both batch layouts, with and without biases and final norm) in both
 # precisions; every other pair runs with `-m slow` (relu and non-causal are covered by the
-# tests below).
+# tests below, and every pair of options, pre-LN included, at tiny width by
+# `test_reference_torch.py`).
 DEFAULT_PAIRS = {(1, "float64"), (2, "float32")}
 
 

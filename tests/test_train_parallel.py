@@ -2,7 +2,8 @@
 training step as one device, to round-off; a batch the devices do not divide is refused.
 
 `XLA_FLAGS=--xla_force_host_platform_device_count=2` must be set before JAX starts, so the
-check runs in a fresh Python process."""
+checks run in a fresh Python process. By default a tiny model's loss and gradient (one
+compile per mesh); with `-m slow`, three optimiser steps of a larger one."""
 
 import os
 import subprocess
@@ -44,7 +45,7 @@ SCRIPT = textwrap.dedent(
     (l1, g1, p1), (l2, g2, p2) = out[1], out[2]
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     scale = max(float(np.max(np.abs(g))) for g in g1)
-    gerr = max(float(np.max(np.abs(a - b))) for a, b in zip(g1, g2))
+    gerr = max(float(np.max(np.abs(a - b))) for a, b in zip(g1, g2, strict=True))
     assert gerr <= 1e-5 * scale, (gerr, scale)
     # The key bias has an identically zero gradient (softmax is shift invariant), which
     # Adam's normalisation turns from round-off into O(lr) updates: not compared.
@@ -65,15 +66,67 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # a fresh JAX process and two compiles of the step: ~40 s of CPU
-def test_sharded_step_equals_single_device_step():
+# The default check: the loss and its gradient of one batch, sharded in halves over two
+# devices, equal those on one device (float32 round-off), for a tiny model.
+SMALL_SCRIPT = textwrap.dedent(
+    """
+    import jax, numpy as np, equinox as eqx
+    assert len(jax.devices()) == 2, jax.devices()
+    from itde.train import Run, TrainExperiment, from_dict, loss_fn, place
+
+    table = {
+        "task": {"name": "sort", "length": 4, "vocab": 5},
+        "model": {"n_layers": 1, "n_features": 4, "n_heads": 2, "n_hidden": 8},
+        "optim": {"steps": 2, "batch_size": 4, "warmup": 0},
+    }
+    cfg = from_dict(TrainExperiment, table)
+    value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(loss_fn))
+    out = {}
+    for n in (1, 2):
+        run = Run(cfg, devices=jax.devices()[:n])
+        model, _ = run.init_state()
+        model = place(model, run.replicated)
+        batch = run.batch(0)
+        assert len(batch[0].sharding.device_set) == n
+        assert batch[0].addressable_shards[0].data.shape[0] == 4 // n
+        loss, grads = value_and_grad(model, batch, run.task)
+        out[n] = (float(loss), [np.asarray(g) for g in jax.tree.leaves(grads)])
+    (l1, g1), (l2, g2) = out[1], out[2]
+    assert abs(l1 - l2) <= 1e-6 * abs(l1), (l1, l2)
+    scale = max(float(np.max(np.abs(g))) for g in g1)
+    gerr = max(float(np.max(np.abs(a - b))) for a, b in zip(g1, g2, strict=True))
+    assert scale > 1e-3 and gerr <= 1e-5 * scale, (gerr, scale)
+
+    bad = from_dict(TrainExperiment, {**table, "optim": {**table["optim"], "batch_size": 5}})
+    try:
+        Run(bad)
+    except ValueError as e:
+        msg = str(e)
+        assert "batch_size`=5" in msg and "2 devices" in msg and "multiple of 2" in msg, msg
+    else:
+        raise AssertionError("batch 5 on 2 devices was accepted")
+    print("OK")
+    """
+)
+
+
+def _run_on_two_devices(script):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
+
+
+def test_sharded_loss_and_gradient_equal_single_device():
+    _run_on_two_devices(SMALL_SCRIPT)
+
+
+@pytest.mark.slow  # a fresh JAX process and two compiles of the step: ~40 s of CPU
+def test_sharded_step_equals_single_device_step():
+    _run_on_two_devices(SCRIPT)
