@@ -95,7 +95,7 @@ def test_from_torch_and_to_torch_equal_pytorch(case):
     scale = max(1.0, float(np.max(np.abs(ref))))
 
     m = itde.from_torch(enc, causal=causal)
-    assert m.block == ("pre_norm" if pre else "post_norm")
+    assert m.block == (itde.PreNorm() if pre else itde.PostNorm())
     assert m.batch_axis == (0 if batch_first else 1)
     assert (m.final_norm is not None) == final
     out = np.asarray(m.batch(jnp.asarray(xl), jnp.asarray(keep)))
