@@ -259,3 +259,64 @@ def test_a_user_split_term_is_accepted_by_solve():
     u = jax.random.normal(jax.random.key(3), (4, 8))
     a = itde.solve(m, u, terms=SplitTerm(m.terms("paper").terms)).ys[-1]
     np.testing.assert_allclose(a, m(u), rtol=0, atol=1e-14)
+
+
+# ------------------------------------------------------------------ continuum sub-flows
+def _smooth_model():
+    ctrl = itde.LegendreControls.init(
+        KEY, n_modes=3, n_features=8, n_heads=2, n_hidden=8, activation="gelu", eps=0.0
+    )
+    return itde.TransformerIDE(ctrl, itde.Grid.unit(8))
+
+
+def test_split_sub_flows_are_tangent_to_the_moving_constraint_set():
+    """On S1(sigma1(t), sigma2(t)), u = sigma1 + sigma2 z with mean z = 0 and mean z^2 = 1,
+    so a velocity w keeps u on the moving set iff mean(w) = sigma1' and mean(w z) = sigma2'.
+    The attention sub-flow carries no drift (both 0), the feed-forward sub-flow all of it,
+    and their sum is the whole tangent field. sigma' is differentiated here by finite
+    differences of the controls, independently of the library's jvp."""
+    m = _smooth_model()
+    t, h = 0.37, 1e-6
+    u = m.project(t, jax.random.normal(jax.random.key(4), (5, 8)) * 2 + 1)
+    n = m.constraint(t)
+    s1p = (float(m.constraint(t + h).sigma1) - float(m.constraint(t - h).sigma1)) / (2 * h)
+    s2p = (float(m.constraint(t + h).sigma2) - float(m.constraint(t - h).sigma2)) / (2 * h)
+    z = (np.asarray(u) - float(n.sigma1)) / float(n.sigma2)
+    flows = m.terms("split").terms
+    att = np.asarray(flows[0].vector_field(t, u, None))
+    ff = np.asarray(flows[2].vector_field(t, u, None))
+    np.testing.assert_allclose(att.mean(-1), 0.0, atol=1e-12)
+    np.testing.assert_allclose((att * z).mean(-1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(ff.mean(-1), s1p, atol=1e-7)
+    np.testing.assert_allclose((ff * z).mean(-1), s2p, atol=1e-7)
+    assert abs(s1p) + abs(s2p) > 0.1  # the set really moves
+    np.testing.assert_allclose(att + ff, m.tangent_field(t, u), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("solver", [Strang(), Projected(diffrax.Heun())], ids=["split", "tangent"])
+def test_continuum_solves_start_from_the_projection_of_the_initial_state(solver):
+    """`solve` with continuum terms starts from P_{S1(t0)}(u0) (the equation lives on the
+    set): the same result from u0 off the set as from its projection."""
+    m = _smooth_model()
+    u0 = jax.random.normal(jax.random.key(5), (5, 8)) * 3 + 2
+    p0 = m.project(m.t0, u0)
+    assert float(jnp.max(jnp.abs(p0 - u0))) > 0.5
+    a = itde.solve(m, u0, solver=solver, dt0=0.25).ys[-1]
+    b = itde.solve(m, p0, solver=solver, dt0=0.25).ys[-1]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+class _Inner(eqx.Module):
+    w: jax.Array = eqx.field(metadata={"role": "frozen"})
+    b: jax.Array
+
+
+class _Outer(eqx.Module):
+    inner: _Inner = eqx.field(metadata={"role": "decay"})
+    c: jax.Array
+
+
+def test_parameter_roles_pass_down_and_the_innermost_declaration_wins():
+    tree = _Outer(_Inner(jnp.ones(2), jnp.ones(2)), jnp.ones(2))
+    roles = itde.parameter_roles(tree)
+    assert (roles.inner.w, roles.inner.b, roles.c) == ("frozen", "decay", "train")
