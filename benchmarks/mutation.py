@@ -268,8 +268,13 @@ def main(argv=None) -> int:
                 failing = [ln.split()[1] for ln in out.splitlines()
                            if ln.startswith(("FAILED ", "ERROR "))]  # fmt: skip
                 print(tail(out, 4000))
-                baseline_failed = {t for t in ids if rc is None or rc > 1 or
-                                   any(f.startswith(t) or t.startswith(f) for f in failing)}
+                baseline_failed = {
+                    t
+                    for t in ids
+                    if rc is None
+                    or rc > 1
+                    or any(f.startswith(t) or t.startswith(f) for f in failing)
+                }
         for i, m in enumerate(mutants, 1):
             r = Result(m.name, m.file, "", m.why, m.tests)
             n = occurrences(ROOT, m)
@@ -281,7 +286,8 @@ def main(argv=None) -> int:
                 r.status, r.detail = "equivalent", "not run (equivalent = true)"
             elif baseline_failed & set(m.tests):
                 r.status = "error"
-                r.detail = f"tests fail without the mutant: {sorted(baseline_failed & set(m.tests))}"
+                bad = sorted(baseline_failed & set(m.tests))
+                r.detail = f"tests fail without the mutant: {bad}"
             else:
                 copy = work / f"m{i:03d}"
                 shutil.copytree(base, copy)
@@ -317,8 +323,9 @@ def main(argv=None) -> int:
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "mutants_file": str(args.mutants.relative_to(ROOT) if args.mutants.is_relative_to(ROOT)
-                            else args.mutants),  # fmt: skip
+        "mutants_file": str(
+            args.mutants.relative_to(ROOT) if args.mutants.is_relative_to(ROOT) else args.mutants
+        ),  # fmt: skip
         "counts": {s: sum(r.status == s for r in results) for s in STATUSES},
         "results": [r.__dict__ for r in results],
     }
