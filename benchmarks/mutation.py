@@ -302,6 +302,7 @@ def main(argv=None) -> int:
                 r.status = classify(rc)
                 if r.status == "survived" and m.equivalent:
                     r.status = "equivalent"
+                    r.detail = "tests passed, as they must for an equivalent mutant"
                 if r.status == "caught":
                     r.detail = first_failure(out) or f"pytest exit {rc}"
                 elif r.status == "survived":
