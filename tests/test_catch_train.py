@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import itde
+from itde._roles import kernel
 from itde.train import OptimConfig, make_optimizer
 from itde.train._model import cross_entropy
 
@@ -30,7 +31,7 @@ def test_cross_entropy_is_torchs_mean_over_every_position():
 
 
 class _Params(eqx.Module):
-    w1: jax.Array  # a kernel: decayed
+    w1: jax.Array = kernel()  # a kernel (declared where it is defined): decayed
     b1: jax.Array  # a bias: not decayed
     norm: itde.LayerNormProjection  # gain and shift trained; sigma1, sigma2 frozen
 
