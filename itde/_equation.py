@@ -9,6 +9,7 @@ $$u_t = A(u) + \partial I_{S_1(\sigma_1,\sigma_2)}(u) + F(u) + \partial I_{S_1}(
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import diffrax
 import equinox as eqx
@@ -267,7 +268,21 @@ class TransformerIDE(AbstractEquation):
         ]
         rope = None
         if rope_base is not None:
-            rope = Rope.init(blocks[0].attention.head_dim, base=rope_base)
+            hd = blocks[0].attention.head_dim
+            if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not (
+                math.isfinite(rope_base) and rope_base > 0
+            ):
+                raise ValueError(
+                    f"`rope_base`={rope_base!r} must be a positive finite number (the RoPE "
+                    "frequency base, e.g. 10000.0), or None for no rotary embedding."
+                )
+            if hd % 2:
+                raise ValueError(
+                    f"`rope_base` needs an even head size to rotate pairs of features; this "
+                    f"model's head size is {hd} (n_features / n_heads, or `head_dim`): give "
+                    "an even `head_dim`, or rope_base=None."
+                )
+            rope = Rope.init(hd, base=float(rope_base))
         return cls(
             PiecewiseConstant(stack(blocks)),
             grid if grid is not None else Grid.unit(n_features),

@@ -262,7 +262,28 @@ def _check_arguments(
             raise TypeError(
                 f"`{name}`={value!r} must be a diffrax.{cls.__name__}, e.g. `{example}`."
             )
+    _check_save_times(saveat, t0, t1)
     return t0, t1, dt0, max_steps, batched
+
+
+def _check_save_times(saveat, t0: float, t1: float) -> None:
+    """Concrete `SaveAt(ts=...)` times must lie in [t0, t1] (diffrax's own message comes
+    from deep inside the solve)."""
+    if saveat is None:
+        return
+    for sub in jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt)):
+        ts = getattr(sub, "ts", None)
+        if ts is None or isinstance(ts, jax.core.Tracer):
+            continue
+        ts = np.asarray(ts, np.float64)
+        tol = 1e-9 * max(1.0, abs(t0), abs(t1))
+        bad = ts[(ts < t0 - tol) | (ts > t1 + tol)]
+        if bad.size:
+            raise ValueError(
+                f"`saveat`=SaveAt(ts=...) asks for depths {bad[:5].tolist()} outside the solve's "
+                f"interval [t0, t1] = [{t0}, {t1}]; save at depths inside it (e.g. "
+                f"np.linspace({t0}, {t1}, 5))."
+            )
 
 
 def _choose_terms(model, u0, solver, terms, batched, t0):

@@ -215,3 +215,25 @@ def test_to_torch_refuses_a_score_bias_by_name(bias):
     b = bias()
     with pytest.raises(ValueError, match=f"score bias \\({type(b).__name__}\\)"):
         itde.to_torch(eqx.tree_at(lambda x: x.score_bias, m, b, is_leaf=lambda x: x is None))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rope_base=0.0), r"`rope_base`=0.0 must be a positive finite number"),
+        (dict(rope_base=float("inf")), r"`rope_base`=inf must be a positive finite number"),
+        (dict(rope_base=10000.0, head_dim=5), r"`rope_base` needs an even head size.*is 5"),
+    ],
+)
+def test_init_names_rope_base_not_the_internal_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=8, n_heads=2, **kwargs)
+
+
+def test_save_times_outside_the_depth_interval_are_named_before_the_solve():
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2)
+    u = jax.random.normal(jax.random.key(1), (3, 8))
+    with pytest.raises(ValueError, match=r"depths \[2.5\] outside.*\[0.0, 2.0\]"):
+        itde.solve(m, u, saveat=diffrax.SaveAt(ts=[0.0, 1.0, 2.5]))
+    ys = itde.solve(m, u, saveat=diffrax.SaveAt(ts=[0.0, 1.0, 2.0])).ys
+    np.testing.assert_allclose(ys[-1], m(u), rtol=0, atol=1e-12)
