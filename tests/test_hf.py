@@ -276,3 +276,5 @@ def test_bad_inputs_name_the_argument():
         m(ids[None])
     with pytest.raises(ValueError, match=r"token type"):
         m(ids, token_type_ids=jnp.zeros(N, int))
+    with pytest.raises(ValueError, match=r"`input_ids` is empty"):
+        m(jnp.zeros((0,), int))

@@ -197,6 +197,8 @@ def _ids(name: str, ids, n_rows: int):
             f"`{name}` must be one sequence [tokens], got shape {ids.shape}; for a batch use "
             "jax.vmap(m)(input_ids, attention_mask)."
         )
+    if ids.shape[0] == 0:
+        raise ValueError(f"`{name}` is empty (shape {ids.shape}); give at least one token id.")
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
     if traced:
