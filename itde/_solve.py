@@ -96,6 +96,10 @@ def solve(
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
+    The solution is the state $u(t)$ of the equation: a model's output map (`final_norm`,
+    e.g. GPT-2's `ln_f`) is not applied here; calling the model applies it
+    (`model(u0)` = `model.final_norm(solve(model, u0).ys[-1])` for a discrete model).
+
     Defaults give the paper's scheme: `LieTrotter` splitting with $\Delta t$ equal to the
     layer length (1 for the standard Transformer) from $t_0$ to the model's depth, saving
     the final state. Fixed steps are taken with `diffrax.StepTo` on the exact grid
