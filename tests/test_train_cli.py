@@ -127,3 +127,30 @@ def test_progress_eta_starts_after_the_compiling_step(monkeypatch):
     assert "11/1000" in text and "<00:09" in text, text
     stale, _ = _eta_after_first_steps(monkeypatch, restart=False)
     assert stale > 100  # what the bar showed before: the compile time in the ETA
+
+
+def test_empty_out_is_refused_by_the_cli_and_the_library(tmp_path, monkeypatch, capsys):
+    """`--out ""` would write the run into the working directory: refused, naming it."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--out", ""]) == 2
+    assert "`--out`='' names no directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="`out`='' names no directory"):
+        itde.train.train(out="", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version_flag_prints_the_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"itde {itde.__version__}"
+
+
+@pytest.mark.parametrize("t", [float("inf"), float("nan"), -1.0])
+def test_sampling_temperature_must_be_finite_and_non_negative(t):
+    from types import SimpleNamespace
+
+    from itde.train._sample import _check
+
+    causal = SimpleNamespace(ide=SimpleNamespace(causal=True))
+    with pytest.raises(ValueError, match=r"`--temperature`=.* must be a finite number >= 0"):
+        _check(causal, "ab", "a", 3, t, 0)

@@ -247,6 +247,9 @@ def _add_converge(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The `itde` argument parser (building it imports no JAX)."""
     parser = Parser(prog="itde", description=DESCRIPTION)
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"itde {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", title="commands",
         parser_class=Parser,

@@ -27,6 +27,11 @@ def cmd_train(args) -> int:
 
     from ..train import TrainExperiment, train
 
+    if args.out is not None and not args.out.strip():
+        raise ValueError(
+            "`--out`='' names no directory (the run would be written into the working "
+            "directory); give a directory, e.g. --out runs/sort"
+        )
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(
             f"`--out`={args.out!r} is an existing file, not a directory; give a directory "

@@ -340,6 +340,11 @@ def _open(cfg, out, resume, devices, source, overwrite):
         meta = dist.on_main(lambda: ckpt.read_meta(resume), errors=_ERRORS)
         cfg, meta = config_for_resume(resume, cfg, source, meta)
     cfg = TrainExperiment() if cfg is None else cfg
+    if out is not None and not str(out).strip():
+        raise ValueError(
+            "`out`='' names no directory (it would write the run into the working "
+            "directory); give a directory for metrics.jsonl, loss_curve.png and checkpoints."
+        )
     if out is None:
         out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
     out = Path(out)

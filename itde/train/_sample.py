@@ -51,7 +51,10 @@ def _check(model, itos, prompt, length, temperature, seed) -> dict[str, int]:
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise ValueError(f"`--length`={length!r} must be a non-negative integer.")
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"`--temperature`={temperature!r} must be >= 0 (0 = greedy).")
+        raise ValueError(
+            f"`--temperature`={temperature!r} must be a finite number >= 0 (0 = greedy, 1 = "
+            "the model's own distribution)."
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"`--seed`={seed!r} must be an integer in [0, {SEED_MAX}].")
     stoi = {c: i for i, c in enumerate(itos)}
