@@ -180,3 +180,23 @@ def test_signed_rule_normaliser_stays_positive():
             x = _rule(name).nodes_weights(n)[0]
             assert np.all(W @ np.exp(-4 * x) > 0)
             assert math.isfinite(float(np.abs(W).sum()))
+
+
+@pytest.mark.parametrize(
+    "rule, n, error, match",
+    [
+        (itde.Simpson(), 2, ValueError, r"`Simpson` needs n >= 3"),
+        (itde.Simpson(), 4, ValueError, r"`Simpson` needs an odd number of nodes"),
+        (itde.Midpoint(), -3, ValueError, r"`Midpoint` needs n >= 1"),
+        (itde.Midpoint(), 0, ValueError, r"`Midpoint` needs n >= 1"),
+        (itde.Midpoint(), 4.5, TypeError, r"`n`=4.5 must be an integer"),
+        (itde.Trapezoid(), 1, ValueError, r"`Trapezoid` needs n >= 2"),
+        (itde.GaussLegendre(), 0, ValueError, r"`GaussLegendre` needs n >= 1"),
+        ("simpson", 3, TypeError, r"`rule`='simpson' must be an itde quadrature rule"),
+    ],
+)
+def test_volterra_weights_check_the_node_count_as_the_rule_does(rule, n, error, match):
+    """Once accepted silently (Simpson at 2 nodes integrated 1 to 1.083), or a 0x0 matrix,
+    or weights of no rule, or a ZeroDivisionError."""
+    with pytest.raises(error, match=match):
+        itde.volterra_weights(rule, n)

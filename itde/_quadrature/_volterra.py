@@ -182,25 +182,39 @@ def legendre_integration_matrix(n: int) -> np.ndarray:
     return (integral * scale[None, :]) @ (pk * w[:, None]).T
 
 
+#: Partial-interval weights by rule name: `(a, b, n) -> AbstractVolterraWeights`.
+VOLTERRA_WEIGHTS = {
+    "midpoint": lambda a, b, n: MidpointVolterra(n=n, h=(b - a) / n),
+    "trapezoid": lambda a, b, n: TrapezoidVolterra(n=n, h=(b - a) / (n - 1)),
+    "periodic-trapezoid": lambda a, b, n: TrapezoidVolterra(n=n, h=(b - a) / n),
+    "simpson": lambda a, b, n: GregoryVolterra(n=n, h=(b - a) / (n - 1)),
+    "gauss-legendre": lambda a, b, n: SpectralVolterra(
+        n=n, weights=jnp.asarray((b - a) / 2 * legendre_integration_matrix(n))
+    ),
+}
+
+
 def volterra_weights(rule, n: int) -> AbstractVolterraWeights:
     """The partial-interval weights of `rule` (an `itde.AbstractQuadrature`) at `n` nodes,
-    on the rule's interval; a `ValueError` naming the rule where none is defined."""
-    a, b = rule.bounds(n)
-    name = rule.name
-    if name == "midpoint":
-        return MidpointVolterra(n=n, h=(b - a) / n)
-    if name == "trapezoid":
-        return TrapezoidVolterra(n=n, h=(b - a) / (n - 1))
-    if name == "periodic-trapezoid":
-        return TrapezoidVolterra(n=n, h=(b - a) / n)
-    if name == "simpson":
-        return GregoryVolterra(n=n, h=(b - a) / (n - 1))
-    if name == "gauss-legendre":
-        return SpectralVolterra(
-            n=n, weights=jnp.asarray((b - a) / 2 * legendre_integration_matrix(n))
+    on the rule's interval; a `ValueError` naming the rule where none is defined. The node
+    count is checked as the rule itself checks it (`Simpson` an odd `n`, `Trapezoid`
+    `n >= 2`, ...)."""
+    from ._rules import AbstractQuadrature
+
+    if not isinstance(rule, AbstractQuadrature):
+        raise TypeError(
+            f"`rule`={rule!r} must be an itde quadrature rule (e.g. itde.Simpson()), got "
+            f"{type(rule).__name__}."
         )
-    raise ValueError(
-        f"no partial-interval (Volterra) weights for the token rule {name!r}; causal "
-        "attention at quadrature order is defined for midpoint, trapezoid, "
-        "periodic-trapezoid, simpson and gauss-legendre."
-    )
+    try:
+        n = rule._check_n(n)
+    except TypeError:
+        raise TypeError(f"`n`={n!r} must be an integer number of nodes.") from None
+    make = VOLTERRA_WEIGHTS.get(rule.name)
+    if make is None:
+        raise ValueError(
+            f"no partial-interval (Volterra) weights for the token rule {rule.name!r}; causal "
+            f"attention at quadrature order is defined for {', '.join(VOLTERRA_WEIGHTS)}."
+        )
+    a, b = rule.bounds(n)
+    return make(a, b, n)
