@@ -26,7 +26,7 @@ import equinox as eqx
 
 from itde_solvers import ProjectionTerm
 
-from ._checks import check_bool
+from ._checks import check_bool, check_variant
 
 if TYPE_CHECKING:
     from ._equation import TransformerIDE
@@ -209,11 +209,7 @@ def block_from_names(block: str, ffn_form: str = "residual") -> AbstractBlockFor
 def as_block_form(block) -> AbstractBlockForm:
     """A block form from an instance or a name of `BLOCK_FORMS` (the edge where a config's
     or the CLI's string becomes a module)."""
-    if isinstance(block, AbstractBlockForm):
-        return block
-    if isinstance(block, str) and block in BLOCK_FORMS:
-        return BLOCK_FORMS[block]()
-    raise TypeError(
-        f"`block`={block!r} must be an itde block form (itde.PostNorm(), itde.PreNorm(), "
-        f"itde.Parallel()) or one of the names {list(BLOCK_FORMS)}."
-    )
+    return check_variant(
+        "block", block, AbstractBlockForm, BLOCK_FORMS,
+        "an itde block form (itde.PostNorm(), itde.PreNorm(), itde.Parallel())",
+    )  # fmt: skip

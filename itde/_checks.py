@@ -25,6 +25,17 @@ def check_choice(name: str, value, choices: Iterable[str]) -> str:
     return value
 
 
+def check_variant(name: str, value, base: type, registry: dict, what: str):
+    """A variant module from an instance of `base`, or from a name of `registry` (the edge
+    where a config's or the CLI's string becomes a module): `registry[value]()`. `what`
+    says what was expected, with examples, in the error that names `name`."""
+    if isinstance(value, base):
+        return value
+    if isinstance(value, str) and value in registry:
+        return registry[value]()
+    raise TypeError(f"`{name}`={value!r} must be {what} or one of the names {list(registry)}.")
+
+
 def check_int(name: str, value, *, minimum: int | None = None) -> int:
     """`value` must be an integer (not a bool or a float), at least `minimum`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

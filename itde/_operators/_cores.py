@@ -17,7 +17,7 @@ from typing import ClassVar
 import equinox as eqx
 from jaxtyping import Array, Float
 
-from .._checks import check_int
+from .._checks import check_int, check_variant
 from ._blocked import blocked_attention, dense_attention, fused_attention
 
 
@@ -102,12 +102,7 @@ ATTENTION_CORES: dict[str, type[AbstractAttentionCore]] = {
 def as_attention_core(core) -> AbstractAttentionCore:
     """An attention core from an instance or a name of `ATTENTION_CORES` (the edge where a
     config's or the CLI's string becomes a module)."""
-    if isinstance(core, AbstractAttentionCore):
-        return core
-    if isinstance(core, str) and core in ATTENTION_CORES:
-        return ATTENTION_CORES[core]()
-    raise TypeError(
-        f"`attention_core`={core!r} must be an itde attention core (itde.Dense(), "
-        f"itde.Blocked(block_size=...), itde.Fused()) or one of the names "
-        f"{list(ATTENTION_CORES)}."
-    )
+    return check_variant(
+        "attention_core", core, AbstractAttentionCore, ATTENTION_CORES,
+        "an itde attention core (itde.Dense(), itde.Blocked(block_size=...), itde.Fused())",
+    )  # fmt: skip
