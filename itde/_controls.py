@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -220,6 +221,11 @@ class AbstractControls(eqx.Module):
         """Interior depths where the controls are discontinuous (none by default)."""
         return ()
 
+    #: True when the controls are constant between consecutive `jump_times` (per-layer
+    #: controls): then `itde.solve` makes every stage of a step read the step's own
+    #: piece (`itde_solvers.FrozenTime`), which is exact for them.
+    constant_between_jumps: ClassVar[bool] = False
+
     @property
     def n_layers(self) -> int:
         raise TypeError(
@@ -279,6 +285,7 @@ class PiecewiseConstant(AbstractControls):
     values: AbstractBlock
     t0: float = eqx.field(static=True, default=0.0)
     layer_length: float = eqx.field(static=True, default=1.0)
+    constant_between_jumps: ClassVar[bool] = True
 
     def __check_init__(self):
         _check_blocks("values", self.values)

@@ -12,6 +12,7 @@ import numpy as np
 
 from itde_solvers import (
     AbstractSplittingSolver,
+    FrozenTime,
     LieTrotter,
     Projected,
     SplitTerm,
@@ -159,7 +160,8 @@ def solve(
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     default_adjoint = adjoint is None
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
-    if isinstance(solver, Projected) and solver.scan_kind is None:
+    solver = _freeze_layers(model.controls, solver, t0, t1)
+    if isinstance(solver, (Projected, FrozenTime)) and solver.scan_kind is None:
         if isinstance(adjoint, diffrax.DirectAdjoint):
             solver = solver.with_scan_kind("bounded")
         elif isinstance(adjoint, diffrax.ForwardMode):
@@ -195,6 +197,18 @@ def solve(
         args=args,
         **kwargs,
     )
+
+
+def _freeze_layers(controls, solver, t0: float, t1: float):
+    """Per-layer controls are constant inside each layer and jump at its ends: every
+    evaluation of a step must read the step's own layer, including a Runge–Kutta stage at
+    the step's end (which sits on the next layer's start). `FrozenTime` reads each step
+    at its midpoint, so every solver keeps its order; for the paper's scheme (vector
+    fields read at the step's start, projections at its end) it changes nothing."""
+    if not controls.constant_between_jumps or isinstance(solver, FrozenTime):
+        return solver
+    jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
+    return FrozenTime(solver, jumps) if jumps else solver
 
 
 def _check_arguments(

@@ -8,6 +8,9 @@ ordinary diffrax solvers, so `diffrax.diffeqsolve`, its adjoints and `SaveAt` wo
 - Splitting: `LieTrotter` (order 1), `Strang` (order 2), `ParallelSplitting` (order 1),
   all subclasses of `AbstractSplittingSolver`.
 - Projection methods: `Projected` wraps any diffrax solver and projects after each step.
+- `FrozenTime` wraps any solver for a field that is constant in time on each step (a
+  piecewise-constant field whose jumps are step ends): every stage reads the step's own
+  piece, so the wrapped solver keeps its order.
 - `RK4`, the classical Runge–Kutta tableau; `observed_order` and `error_norm` for
   convergence studies.
 
@@ -46,6 +49,7 @@ sol = diffrax.diffeqsolve(terms, ReversedLieTrotter(), 0.0, 1.0, 0.01, 1.0)
 """
 
 from ._convergence import error_norm, observed_order
+from ._frozen import FrozenTime
 from ._lie import LieTrotter
 from ._parallel import ParallelSplitting
 from ._projected import Projected
@@ -57,6 +61,7 @@ from ._terms import ProjectionTerm, SplitTerm
 
 __all__ = [
     "AbstractSplittingSolver",
+    "FrozenTime",
     "LieTrotter",
     "ParallelSplitting",
     "Projected",
