@@ -34,8 +34,14 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         PiecewiseConstant,
         stack,
     )
+    from ._continuum import (  # noqa: F401
+        continuum_form,
+    )
     from ._equation import (  # noqa: F401
         TransformerIDE,
+    )
+    from ._operators._affine import (  # noqa: F401
+        FeatureAffine,
     )
     from ._operators._abstract import (  # noqa: F401
         AbstractAttention,
@@ -116,6 +122,7 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         parameter_roles,
     )
     from ._solve import (  # noqa: F401
+        DepthStepWarning,
         solve,
     )
     from .function import (  # noqa: F401
@@ -213,6 +220,9 @@ _EXPORTS = {
     "SpectralVolterra": "._quadrature._volterra",
     "TrapezoidVolterra": "._quadrature._volterra",
     "volterra_weights": "._quadrature._volterra",
+    "FeatureAffine": "._operators._affine",
+    "continuum_form": "._continuum",
+    "DepthStepWarning": "._solve",
 }
 #: Subpackages reachable as attributes (`itde.train` after `import itde`), loaded on use.
 _SUBPACKAGES = ("cli", "data", "function", "interop", "studies", "train")
@@ -308,4 +318,7 @@ __all__ = [
     "SpectralVolterra",
     "TrapezoidVolterra",
     "volterra_weights",
+    "FeatureAffine",
+    "continuum_form",
+    "DepthStepWarning",
 ]

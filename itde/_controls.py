@@ -13,6 +13,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._checks import check_bool, check_dtype, check_int, check_key
 from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
+from ._operators._affine import FeatureAffine
 from ._operators._attention import Attention, check_heads
 from ._operators._feedforward import FeedForward, GatedFeedForward
 from ._operators._layernorm import LayerNormProjection
@@ -49,12 +50,20 @@ class AbstractBlock(eqx.Module):
     before them in a pre-norm one (see [`TransformerIDE`][itde.TransformerIDE]'s `block`).
     [`Block`][itde.Block] holds discrete kernels (matrices on one grid),
     [`FunctionBlock`][itde.FunctionBlock] kernel functions (any grid).
+
+    `affine1`, `affine2`: optional extra vector fields
+    ([`FeatureAffine`][itde.FeatureAffine]) added to the attention and the feed-forward
+    sub-flow, acting on the state: the per-feature gains and shifts that the continuum form
+    of a network keeps (see [`continuum_form`][itde.TransformerIDE.continuum_form]); None
+    (no extra field) in every other model.
     """
 
     attention: eqx.AbstractVar[AbstractAttention]
     norm1: eqx.AbstractVar[AbstractNorm]
     feedforward: eqx.AbstractVar[AbstractFeedForward]
     norm2: eqx.AbstractVar[AbstractNorm]
+    affine1: eqx.AbstractVar[FeatureAffine | None]
+    affine2: eqx.AbstractVar[FeatureAffine | None]
 
     def __check_init__(self):
         for name, base, what in (
@@ -63,6 +72,8 @@ class AbstractBlock(eqx.Module):
             ("feedforward", AbstractFeedForward, "itde.FeedForward, GatedFeedForward or "
              "FunctionFeedForward"),
             ("norm2", AbstractNorm, "itde.LayerNormProjection or itde.RMSNormProjection"),
+            ("affine1", (FeatureAffine, type(None)), "itde.FeatureAffine or None"),
+            ("affine2", (FeatureAffine, type(None)), "itde.FeatureAffine or None"),
         ):  # fmt: skip
             if not isinstance(getattr(self, name), base):
                 raise TypeError(
@@ -79,6 +90,8 @@ class Block(AbstractBlock):
     norm1: AbstractNorm
     feedforward: AbstractFeedForward
     norm2: AbstractNorm
+    affine1: FeatureAffine | None = None
+    affine2: FeatureAffine | None = None
 
     @classmethod
     def init(
@@ -135,7 +148,7 @@ def _n_features(block) -> int | None:
     return att.wq.shape[-2] if isinstance(att, Attention) else None
 
 
-BLOCK_PARTS = ("attention", "norm1", "feedforward", "norm2")
+BLOCK_PARTS = ("attention", "norm1", "feedforward", "norm2", "affine1", "affine2")
 
 
 def _part(block: AbstractBlock, part: str | None):

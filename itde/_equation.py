@@ -23,8 +23,10 @@ from itde_solvers import ProjectionTerm, SplitTerm
 from ._abstract import AbstractEquation
 from ._blocks import AbstractBlockForm, PostNorm, as_block_form
 from ._checks import check_bool, check_key
+from ._continuum import fold_norms
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._abstract import AbstractNorm
+from ._operators._affine import FeatureAffine
 from ._operators._attention import check_heads
 from ._operators._bias import AbstractScoreBias
 from ._operators._cores import AbstractAttentionCore, Dense, as_attention_core
@@ -145,6 +147,7 @@ class TransformerIDE(AbstractEquation):
     batch_axis: int = eqx.field(static=True, default=0)
     rope: Rope | None = None
     score_bias: AbstractScoreBias | None = None
+    readout: FeatureAffine | None = None
 
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
@@ -187,6 +190,11 @@ class TransformerIDE(AbstractEquation):
             raise ValueError(
                 f"`batch_axis`={self.batch_axis!r} must be 0 ([batch, tokens, features]) or 1 "
                 "([tokens, batch, features], PyTorch's batch_first=False)."
+            )
+        if self.readout is not None and not isinstance(self.readout, FeatureAffine):
+            raise TypeError(
+                f"`readout` must be an itde.FeatureAffine or None, got "
+                f"{type(self.readout).__name__}."
             )
         if self.final_norm is not None and not isinstance(self.final_norm, AbstractNorm):
             raise TypeError(
@@ -338,7 +346,7 @@ class TransformerIDE(AbstractEquation):
         if cw is not None:  # causal at quadrature order: per-query weights for [a, x_i]
             lw, causal = None, cw.strict
             volterra = dict(query_weights=cw, signed_weights=cw.signed)
-        return att(
+        out = att(
             v,
             feature_weights=fw,
             head_weights=head_weights,
@@ -350,6 +358,9 @@ class TransformerIDE(AbstractEquation):
             score_bias=self._score_bias(u),
             **volterra,
         )
+        if self.controls.blocks.affine1 is not None:
+            out = out + self.controls(t, "right", "affine1")(u)
+        return out
 
     def feedforward_field(self, t, u, args=None):
         """The vector field $F(u)$ at depth `t` ($F(N_2 u)$ for pre-norm and parallel
@@ -357,6 +368,8 @@ class TransformerIDE(AbstractEquation):
         ff, hidden_weights = self.controls(t, "right", "feedforward").discretise(self.grid)
         v = self.block.feedforward_input(self, t, u)
         f = ff(v, feature_weights=self.feature_weights(), hidden_weights=hidden_weights)
+        if self.controls.blocks.affine2 is not None:
+            f = f + self.controls(t, "right", "affine2")(u)
         return self.block.feedforward_output(f, u)
 
     def field(self, t, u, args=None):
@@ -374,26 +387,19 @@ class TransformerIDE(AbstractEquation):
 
     # ------------------------------------------------------------- continuum limit
     def constraint(self, t) -> AbstractNorm:
-        r"""The constraint set of the continuum post-norm equation at `t` (the second
-        normalisation's set: the one every layer's output lies on), e.g.
-        $S_1(\sigma_1(t), \sigma_2(t))$."""
+        r"""The exact projection onto the constraint set of the continuum post-norm
+        equation at `t`: the set of fixed points of the second normalisation (the one
+        every layer's output lies on), e.g. $S_1(\sigma_1(t), \sigma_2(t))$ for
+        $\varepsilon = 0$ and $S_1(\sigma_1, \sqrt{\sigma_2^2 - \varepsilon})$ for
+        $\varepsilon > 0$ (see [`AbstractNorm.fixed_points`][itde.AbstractNorm.fixed_points]).
+        A norm with a per-feature gain or shift is no projection and has no such set: take
+        [`continuum_form`][itde.TransformerIDE.continuum_form] first."""
         if not self.block.has_constraint:
             raise ValueError(
                 f"a `block`={self.block!r} equation has no constraint set: its normalisations "
                 "are maps inside the operators, and its continuum is an unconstrained ODE."
             )
-        norm = self.controls(t, "left", "norm2")
-        if not norm.is_exact:
-            gain = "set" if norm.gain is not None else None
-            shift = "set" if norm.shift is not None else None
-            raise ValueError(
-                "the continuum (tangent) form of a post-norm equation needs the exact "
-                f"projection onto its constraint set: {type(norm).__name__} with eps=0 and no "
-                f"per-feature gain/shift, got eps={norm.eps}, gain={gain}, shift={shift}. Use "
-                "LegendreControls.init(...) (smooth controls with exact projections), or a "
-                "block=itde.PreNorm() model, whose continuum needs no constraint."
-            )
-        return norm
+        return self.controls(t, "left", "norm2").fixed_points()
 
     def project(self, t, u):
         """Exact projection onto the continuum constraint set at `t` (the identity for
@@ -411,7 +417,9 @@ class TransformerIDE(AbstractEquation):
         if drift:
             t = jnp.asarray(t, u.dtype)
             _, d_norm = jax.jvp(
-                lambda s: self.controls(s, "left", "norm2"), (t,), (jnp.ones_like(t),)
+                lambda s: self.controls(s, "left", "norm2").fixed_points(),
+                (t,),
+                (jnp.ones_like(t),),
             )
             out = out + norm.drift(u, d_norm, fw)
         return out
@@ -458,6 +466,39 @@ class TransformerIDE(AbstractEquation):
             flows = tuple(_batched(f) for f in flows)
         return SplitTerm(flows)
 
+    def continuum_form(self, input_affine: FeatureAffine | None = None) -> TransformerIDE:
+        r"""The same network in normalised coordinates, whose depth can be refined.
+
+        A post-norm network's LayerNorms with per-feature gains $g$ and shifts $\beta$ are
+        not projections: solving it with a step below one layer re-applies them and
+        computes another network, and the continuum solvers refuse it. Its continuum form
+        is an exact change of variables $u = g \circ z + \beta$ onto the unit set $S_1$:
+        the gains are folded into the next operators' input weights, the rest of them is an
+        extra affine field $(g - 1) \circ z + \beta$ per sub-flow (`Block.affine1`,
+        `affine2`), and the last norm's map is the `readout`. Then
+
+        - `model.continuum_form()(u0)` (the paper's scheme, $\Delta t = 1$) equals the
+          network to round-off (float64: 1e-15 against Hugging Face and PyTorch in the
+          tests);
+        - `itde.solve(cf, u0, solver=..., dt0=h)` with `Strang()` or
+          `Projected(any diffrax solver)` integrates its continuum limit, an equation on
+          the fixed set $S_1(0, \sqrt{1 - \varepsilon})$ of the regularised projection,
+          at any step, at the solver's order; Lie steps converge to the same limit.
+
+        The solution states are $z$; `cf.output(z)` (the readout, then any `final_norm`)
+        turns the last one into the network's output. A pre-norm or parallel model is
+        returned unchanged: its norms sit inside the operators and it is already its own
+        continuum form. See `itde/_continuum.py` for the derivation.
+
+        **Arguments:**
+
+        - `input_affine`: when the input is itself the output of a normalisation
+          $g_0 \circ P_0(e) + \beta_0$ (BERT's embedding LayerNorm),
+          `FeatureAffine(g_0, beta_0)`; the form then takes $P_0(e)$.
+          [`HFTransformer.continuum_form`][itde.interop.HFTransformer.continuum_form] does this.
+        """
+        return fold_norms(self, input_affine)
+
     def on_grid(
         self,
         grid: Grid,
@@ -500,10 +541,17 @@ class TransformerIDE(AbstractEquation):
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
         sol = solve(self, u0, args=mask)
         assert sol.ys is not None
-        u = sol.ys[-1]
+        return self.output(sol.ys[-1]).astype(u0.dtype)
+
+    def output(self, u: Float[Array, "tokens features"]) -> Float[Array, "tokens features"]:
+        r"""The model's output map applied to a solution state $u(T)$ of one sequence: the
+        `readout` (a continuum form's $z \mapsto g \circ z + \beta$), then the
+        `final_norm`; the identity when the model has neither."""
+        if self.readout is not None:
+            u = self.readout(u)
         if self.final_norm is not None:
             u = self.final_norm(u, self.feature_weights())
-        return u.astype(u0.dtype)
+        return u
 
     def batch(
         self,
@@ -545,10 +593,7 @@ class TransformerIDE(AbstractEquation):
                 )
         sol = solve(self, x, batched=True, args=mask)
         assert sol.ys is not None
-        u = sol.ys[-1]
-        if self.final_norm is not None:
-            fw = self.feature_weights()
-            u = jax.vmap(lambda v: self.final_norm(v, fw))(u)  # type: ignore[misc]
+        u = jax.vmap(self.output)(sol.ys[-1])
         return jnp.moveaxis(u.astype(u0.dtype), 0, self.batch_axis)
 
     def trajectory(

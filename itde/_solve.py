@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -15,6 +16,7 @@ from itde_solvers import (
     FrozenTime,
     LieTrotter,
     Projected,
+    ProjectionTerm,
     SplitTerm,
 )
 
@@ -26,6 +28,12 @@ MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solv
 
 #: The kinds of terms an equation gives a solver (see `TransformerIDE.terms`).
 TERMS_KINDS: tuple[str, ...] = ("paper", "split", "tangent")
+
+
+class DepthStepWarning(UserWarning):
+    """A solve whose depth step makes it compute something other than what the model is:
+    steps below one layer of a per-layer post-norm network whose norms have per-feature
+    gains or shifts (see [`TransformerIDE.continuum_form`][itde.TransformerIDE.continuum_form])."""
 
 
 def terms_kind(solver: diffrax.AbstractSolver) -> str:
@@ -166,11 +174,14 @@ def solve(
             solver = solver.with_scan_kind("bounded")
         elif isinstance(adjoint, diffrax.ForwardMode):
             solver = solver.with_scan_kind("lax")
+    kind = terms_kind(solver) if terms is None else terms
     terms, u0 = _choose_terms(model, u0, solver, terms, batched, t0)
     tdtype = _time_dtype(u0)
     controller, first_dt, steps, checkpoints, u0 = _step_grid(
         model.controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype
     )
+    if kind == "paper":
+        _warn_if_not_a_refinement(model, dt0, stepsize_controller)
     if default_adjoint and checkpoints is not None:
         # a fixed number of steps: keep every step's state (memory n_steps states, no
         # binomial recomputation of the forward)
@@ -196,6 +207,42 @@ def solve(
         throw=check_bool("throw", throw),
         args=args,
         **kwargs,
+    )
+
+
+def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
+    """The paper's sub-flows with steps below one layer re-apply every norm once per
+    step: a refinement only when the norms are projections (no per-feature gain/shift)."""
+    controls, block = model.controls, getattr(model, "block", None)
+    if not (isinstance(controls, PiecewiseConstant) and getattr(block, "has_constraint", False)):
+        return
+    norms = (controls.blocks.norm1, controls.blocks.norm2)
+    if all(n.gain is None and n.shift is None for n in norms):
+        return
+    h = controls.layer_length
+    if stepsize_controller is None or isinstance(stepsize_controller, diffrax.ConstantStepSize):
+        step = h if dt0 is None else dt0
+        if isinstance(step, jax.core.Tracer) or step >= h * (1 - 1e-9):
+            return
+        what = f"dt0={step:g} is below one layer (length {h:g})"
+    elif isinstance(stepsize_controller, diffrax.StepTo):
+        ts = np.asarray(stepsize_controller.ts, np.float64)
+        layers = np.asarray(controls.layer_times())
+        if all(np.any(np.abs(layers - t) <= 1e-9 * max(1.0, abs(t))) for t in ts):
+            return
+        what = "the StepTo grid has steps inside layers"
+    else:
+        what = f"the {type(stepsize_controller).__name__} takes steps inside layers"
+    warnings.warn(
+        f"itde.solve: {what} on a per-layer post-norm model whose norms have per-feature "
+        "gains or shifts. Such a norm is not a projection (applying it twice moves the "
+        "state) and every Lie step re-applies it, so this solve computes a different "
+        "network, not a refinement of this one, and has no continuum limit as the step "
+        "shrinks. To refine the depth, solve the model's continuum form, "
+        "`model.continuum_form()` (the same network at one step per layer; any solver, "
+        f"any step); for the network itself, use dt0={h:g}.",
+        DepthStepWarning,
+        stacklevel=3,
     )
 
 
@@ -325,7 +372,38 @@ def _choose_terms(model, u0, solver, terms, batched, t0):
             f"`terms` must be a kind {list(TERMS_KINDS)} or an itde_solvers.SplitTerm, got "
             f"{type(terms).__name__}."
         )
+    if batched:
+        _check_batched_terms(terms, u0, t0)
     return terms, u0
+
+
+def _check_batched_terms(terms: SplitTerm, u0, t0) -> None:
+    """With `batched=True` a user's sub-flows receive the whole batch: check at trace time
+    that they take it (a field written for one sequence fails deep inside an einsum)."""
+    t = jnp.asarray(t0, _time_dtype(u0))
+    for i, term in enumerate(terms.terms):
+        if isinstance(term, ProjectionTerm):
+            call, what = (lambda term=term: term.project(t, u0)), "projection"
+        else:
+            call, what = (lambda term=term: term.vf(t, u0, None)), "vector field"
+        try:
+            out = jax.eval_shape(call)
+        except Exception as e:  # noqa: BLE001 - re-raised with the fix named
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"`terms`: with batched=True every sub-flow receives the whole batch "
+                f"{tuple(u0.shape)} ([batch, tokens, features]), and sub-flow {i} (a {what}) "
+                f"fails on it ({first}). Give sub-flows that act on a batch, e.g. "
+                "`model.terms(kind, batched=True)` or your fields wrapped in `jax.vmap`, or "
+                "solve one sequence at a time (batched=False, `jax.vmap` of the solve)."
+            ) from e
+        if getattr(out, "shape", None) != tuple(u0.shape):
+            raise ValueError(
+                f"`terms`: with batched=True sub-flow {i} (a {what}) maps the batch "
+                f"{tuple(u0.shape)} to shape {getattr(out, 'shape', None)}; it must keep the "
+                "state's shape. Give sub-flows that act on a batch (e.g. "
+                "`model.terms(kind, batched=True)`), or solve with batched=False."
+            )
 
 
 def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype):

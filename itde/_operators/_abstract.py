@@ -35,6 +35,15 @@ class AbstractAttention(eqx.Module):
 
         A discrete `Attention` returns `(self, None)`."""
 
+    def with_input_affine(self, scale, shift, feature_weights: np.ndarray | None = None):
+        r"""The same operator applied to $a \circ z + b$, with the affine map folded into
+        its input weights: `op.with_input_affine(a, b)(z) == op(a * z + b)`. Discrete
+        operators only (a per-feature map lives on one grid's nodes)."""
+        raise TypeError(
+            f"{type(self).__name__} holds kernel functions; folding a per-feature affine map "
+            "into it needs discrete kernels (a converted or per-layer model)."
+        )
+
 
 class AbstractFeedForward(eqx.Module):
     r"""A feed-forward operator $F(u)$ that has a discrete form on any admissible grid."""
@@ -46,6 +55,15 @@ class AbstractFeedForward(eqx.Module):
         when every hidden weight is 1.
 
         A discrete `FeedForward` returns `(self, None)`."""
+
+    def with_input_affine(self, scale, shift, feature_weights: np.ndarray | None = None):
+        r"""The same operator applied to $a \circ z + b$, with the affine map folded into
+        its input weights: `op.with_input_affine(a, b)(z) == op(a * z + b)`. Discrete
+        operators only (a per-feature map lives on one grid's nodes)."""
+        raise TypeError(
+            f"{type(self).__name__} holds kernel functions; folding a per-feature affine map "
+            "into it needs discrete kernels (a converted or per-layer model)."
+        )
 
 
 class AbstractNorm(eqx.Module):
@@ -122,6 +140,34 @@ class AbstractNorm(eqx.Module):
         per-feature affine map (a norm without a mean condition ignores `sigma1`): a set
         that means the same on every feature grid. The arrays may carry a leading mode
         axis (smooth controls)."""
+
+    @abc.abstractmethod
+    def unit_and_affine(
+        self, n_features: int
+    ) -> tuple[AbstractNorm, Float[Array, " features"], Float[Array, " features"] | None]:
+        r"""The norm as a unit normalisation followed by a per-feature affine map:
+        `(unit, scale, shift)` with $N(v) = \mathrm{scale} \circ P(v) + \mathrm{shift}$
+        exactly, `unit` the same normalisation (same $\varepsilon$) onto the unit set
+        with no affine map, and `shift` None where the norm has no mean condition."""
+
+    @abc.abstractmethod
+    def fixed_points(self) -> AbstractNorm:
+        r"""The exact projection onto the set of fixed points of this map (no per-feature
+        affine map allowed): the set itself when $\varepsilon = 0$; with
+        $\varepsilon > 0$ the set of scale $\sqrt{\sigma^2 - \varepsilon}$, where
+        $\sigma^2\,v/(\mathrm{var}\,v + \varepsilon) = v$. This is the constraint set
+        of the continuum: Lie steps with the regularised map converge, as the step goes
+        to 0, to the flow on it (each application contracts the distance to it by a
+        factor of order $\varepsilon$)."""
+
+    def _refuse_affine(self, what: str) -> None:
+        if self.gain is not None or self.shift is not None:
+            raise ValueError(
+                f"{what}: this {type(self).__name__} has a per-feature gain or shift, so it is "
+                "not a projection (applying it twice moves the state); take the model's "
+                "continuum form first (`itde.continuum_form(model)`), which folds the gains "
+                "into the next operators."
+            )
 
     @classmethod
     def exact(cls, sigma1: Array, sigma2: Array) -> AbstractNorm:

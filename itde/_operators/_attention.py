@@ -94,6 +94,21 @@ class Attention(AbstractAttention):
             if b is not None and b.shape != shape:
                 raise ValueError(f"`Attention.{name}` has shape {b.shape}, expected {shape}.")
 
+    def with_input_affine(self, scale, shift, feature_weights=None) -> Attention:
+        r"""`A(a \circ z + b)` as one attention: $a$ scales the rows of $W^Q, W^K, W^V$
+        and $b$ enters their biases ($b_Q + \int b\,W^Q$, with the feature weights)."""
+        wq, wk, wv = (scale[None, :, None] * w for w in (self.wq, self.wk, self.wv))
+        bq, bk, bv = self.bq, self.bk, self.bv
+        if shift is not None:
+            sw = _weighted(shift, feature_weights)
+
+            def fold(b, w):
+                folded = jnp.einsum("d,hde->he", sw, w)
+                return folded if b is None else b + folded
+
+            bq, bk, bv = fold(bq, self.wq), fold(bk, self.wk), fold(bv, self.wv)
+        return Attention(wq=wq, wk=wk, wv=wv, wo=self.wo, bq=bq, bk=bk, bv=bv, bo=self.bo)
+
     def discretise(self, grid) -> tuple[Attention, None]:
         """Already discrete: `(self, None)` (unit head weights), on a grid of its width."""
         _check_width("Attention", self.n_features, grid)

@@ -3,7 +3,9 @@ read as the projection onto $S_2 = \{u \ge 0\}$."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -56,6 +58,7 @@ class FeedForward(AbstractFeedForward):
     w2: Float[Array, "hidden features"] = kernel()
     b1: Float[Array, " hidden"] | None
     b2: Float[Array, " features"] | None
+    _input_kernels: ClassVar[dict[str, str]] = {"w1": "b1"}
     activation: str = eqx.field(static=True, default="relu")
 
     def __check_init__(self):
@@ -96,6 +99,20 @@ class FeedForward(AbstractFeedForward):
             activation=check_activation(activation),
         )
 
+    def with_input_affine(self, scale, shift, feature_weights=None):
+        r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
+        kernels, $b$ enters their biases."""
+        sw = None if shift is None else _weighted(shift, feature_weights)
+
+        def fold(b, w):
+            if sw is None:
+                return b
+            return sw @ w if b is None else b + sw @ w
+
+        kw = {n: scale[:, None] * getattr(self, n) for n in self._input_kernels}
+        kb = {b: fold(getattr(self, b), getattr(self, n)) for n, b in self._input_kernels.items()}
+        return dataclasses.replace(self, **kw, **kb)
+
     def __call__(
         self,
         u: Float[Array, "tokens features"],
@@ -126,6 +143,7 @@ class GatedFeedForward(AbstractFeedForward):
     b_gate: Float[Array, " hidden"] | None
     b1: Float[Array, " hidden"] | None
     b2: Float[Array, " features"] | None
+    _input_kernels: ClassVar[dict[str, str]] = {"w_gate": "b_gate", "w1": "b1"}
     activation: str = eqx.field(static=True, default="silu")
 
     def __check_init__(self):
@@ -172,6 +190,20 @@ class GatedFeedForward(AbstractFeedForward):
             b2=u(k5, (n_features,), a2) if bias else None,
             activation=check_activation(activation),
         )
+
+    def with_input_affine(self, scale, shift, feature_weights=None):
+        r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
+        kernels, $b$ enters their biases."""
+        sw = None if shift is None else _weighted(shift, feature_weights)
+
+        def fold(b, w):
+            if sw is None:
+                return b
+            return sw @ w if b is None else b + sw @ w
+
+        kw = {n: scale[:, None] * getattr(self, n) for n in self._input_kernels}
+        kb = {b: fold(getattr(self, b), getattr(self, n)) for n, b in self._input_kernels.items()}
+        return dataclasses.replace(self, **kw, **kb)
 
     def __call__(
         self,

@@ -135,6 +135,29 @@ class LayerNormProjection(AbstractNorm):
         the scalars $\sigma_1, \sigma_2$ redundant (PyTorch's LayerNorm has none): frozen."""
         return {"sigma1": FROZEN, "sigma2": FROZEN} if self.gain is not None else {}
 
+    def unit_and_affine(self, n_features: int):
+        r"""$N(v) = g(\sigma_2 P_0(v) + \sigma_1) + \beta$: scale $g\sigma_2$, shift
+        $g\sigma_1 + \beta$, `unit` $= P_0$ onto $S_1(0, 1)$ with the same $\varepsilon$."""
+        dtype = self.sigma2.dtype
+        g = jnp.ones((n_features,), dtype) if self.gain is None else self.gain
+        scale = g * self.sigma2
+        shift = g * self.sigma1 + (0 if self.shift is None else self.shift)
+        unit = type(self)(jnp.zeros((), dtype), jnp.ones((), dtype), None, None, self.eps)
+        return unit, scale, shift
+
+    def fixed_points(self):
+        r"""The exact projection onto $S_1(\sigma_1, \sqrt{\sigma_2^2 - \varepsilon})$."""
+        self._refuse_affine("the continuum constraint set")
+        if self.eps == 0.0:
+            return self
+        s2 = self.sigma2
+        if not isinstance(s2, jax.core.Tracer) and np.any(np.asarray(s2) ** 2 <= self.eps):
+            raise ValueError(
+                f"`eps`={self.eps} is not below sigma2**2 = {np.asarray(s2) ** 2}: the map "
+                "has no fixed points (every output lies strictly inside the set)."
+            )
+        return type(self)(self.sigma1, jnp.sqrt(s2 * s2 - self.eps), None, None, 0.0)
+
     def tangent(self, u, w, feature_weights=None):
         r"""$P_T(z)\,w = w - \overline{w} - \overline{w z}\,z$ with
         $z = (u - \sigma_1)/\sigma_2$: the tangent space of $S_1$ at `u`."""

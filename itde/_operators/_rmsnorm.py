@@ -88,6 +88,26 @@ class RMSNormProjection(AbstractNorm):
             out = self.gain.astype(out_dtype) * out
         return out
 
+    def unit_and_affine(self, n_features: int):
+        r"""$N(v) = g\,\sigma P_0(v)$: scale $g\sigma$, no shift, `unit` $= P_0$ onto the
+        unit sphere with the same $\varepsilon$."""
+        dtype = self.sigma.dtype
+        g = jnp.ones((n_features,), dtype) if self.gain is None else self.gain
+        return type(self)(jnp.ones((), dtype), None, self.eps), g * self.sigma, None
+
+    def fixed_points(self):
+        r"""The exact projection onto the sphere of radius $\sqrt{\sigma^2 - \varepsilon}$."""
+        self._refuse_affine("the continuum constraint set")
+        if self.eps == 0.0:
+            return self
+        s = self.sigma
+        if not isinstance(s, jax.core.Tracer) and np.any(np.asarray(s) ** 2 <= self.eps):
+            raise ValueError(
+                f"`eps`={self.eps} is not below sigma**2 = {np.asarray(s) ** 2}: the map has "
+                "no fixed points (every output lies strictly inside the sphere)."
+            )
+        return type(self)(jnp.sqrt(s * s - self.eps), None, 0.0)
+
     def tangent(self, u, w, feature_weights=None):
         r"""$w - \overline{w z}\,z$ with $z = u/\sigma$: the tangent space of the sphere."""
         z = u / self.sigma.astype(u.dtype)

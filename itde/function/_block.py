@@ -31,6 +31,8 @@ class FunctionBlock(AbstractBlock):
     norm1: AbstractNorm
     feedforward: FunctionFeedForward
     norm2: AbstractNorm
+    affine1: None = None
+    affine2: None = None
 
     def __check_init__(self):
         for name in ("norm1", "norm2"):

@@ -7,6 +7,7 @@ map.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -18,6 +19,7 @@ from jaxtyping import Array, Float, Int
 from .._blocks import PostNorm, PreNorm
 from .._controls import Block, PiecewiseConstant, stack
 from .._equation import TransformerIDE
+from .._operators._affine import FeatureAffine
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, GatedFeedForward
 from .._operators._layernorm import LayerNormProjection
@@ -96,6 +98,26 @@ class HFTransformer(eqx.Module):
             raise TypeError(
                 f"`equation` must be an itde.TransformerIDE, got {type(self.equation).__name__}."
             )
+
+    def continuum_form(self) -> HFTransformer:
+        """The same model with its equation in normalised coordinates
+        ([`TransformerIDE.continuum_form`][itde.TransformerIDE.continuum_form]), whose
+        depth any solver refines at any step.
+
+        For a post-norm model (BERT, RoBERTa, DistilBERT) the embedding LayerNorm's gain and
+        shift are folded into the first layer too, so the initial condition
+        $P_0(e)$ lies on the constraint set; `m.continuum_form()(ids)` equals `m(ids)` (the
+        source model) to round-off. A pre-norm model (GPT-2, Llama) is its own continuum
+        form and is returned unchanged."""
+        if not self.equation.block.has_constraint:
+            return self
+        norm, affine = self.embedding_norm, None
+        if norm is not None:
+            norm, scale, shift = norm.unit_and_affine(self.equation.n_features)
+            affine = FeatureAffine(scale, shift)
+        return dataclasses.replace(
+            self, embedding_norm=norm, equation=self.equation.continuum_form(affine)
+        )
 
     @property
     def max_tokens(self) -> int | None:
