@@ -37,6 +37,10 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._equation import (  # noqa: F401
         TransformerIDE,
     )
+    from ._fitted import (  # noqa: F401
+        SplineControls,
+        fit_residuals,
+    )
     from ._operators._abstract import (  # noqa: F401
         AbstractAttention,
         AbstractFeedForward,
@@ -184,6 +188,8 @@ _EXPORTS = {
     "Grid": "._quadrature._rules",
     "LayerNormProjection": "._operators._layernorm",
     "LegendreControls": "._controls",
+    "SplineControls": "._fitted",
+    "fit_residuals": "._fitted",
     "Midpoint": "._quadrature._rules",
     "PeriodicTrapezoid": "._quadrature._rules",
     "PiecewiseConstant": "._controls",
@@ -279,6 +285,8 @@ __all__ = [
     "Grid",
     "LayerNormProjection",
     "LegendreControls",
+    "SplineControls",
+    "fit_residuals",
     "Midpoint",
     "PeriodicTrapezoid",
     "PiecewiseConstant",
