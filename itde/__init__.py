@@ -40,13 +40,17 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._equation import (  # noqa: F401
         TransformerIDE,
     )
-    from ._operators._affine import (  # noqa: F401
-        FeatureAffine,
+    from ._fitted import (  # noqa: F401
+        SplineControls,
+        fit_residuals,
     )
     from ._operators._abstract import (  # noqa: F401
         AbstractAttention,
         AbstractFeedForward,
         AbstractNorm,
+    )
+    from ._operators._affine import (  # noqa: F401
+        FeatureAffine,
     )
     from ._operators._attention import (  # noqa: F401
         Attention,
@@ -191,6 +195,8 @@ _EXPORTS = {
     "Grid": "._quadrature._rules",
     "LayerNormProjection": "._operators._layernorm",
     "LegendreControls": "._controls",
+    "SplineControls": "._fitted",
+    "fit_residuals": "._fitted",
     "Midpoint": "._quadrature._rules",
     "PeriodicTrapezoid": "._quadrature._rules",
     "PiecewiseConstant": "._controls",
@@ -289,6 +295,8 @@ __all__ = [
     "Grid",
     "LayerNormProjection",
     "LegendreControls",
+    "SplineControls",
+    "fit_residuals",
     "Midpoint",
     "PeriodicTrapezoid",
     "PiecewiseConstant",

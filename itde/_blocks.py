@@ -39,12 +39,20 @@ class AbstractBlockForm(eqx.Module):
     normalisation (then every solver must project onto it: a splitting solver or
     `itde_solvers.Projected`).
 
+    `projected_parts`: the block parts the scheme reads at the END of a step, as
+    projections (`controls(t, "left", part)`); every other part is read at the step's
+    start (`controls(t, "right", part)`). With one Lie step per layer, layer $n$ is read at
+    $t_n$ and its projections at $t_{n+1}$; a fit through a network's layers
+    (`LegendreControls.from_layers`, `SplineControls.from_layers`) interpolates each part
+    at those times.
+
     The sub-flows for a solver, one method per kind of terms (see
     [`TransformerIDE.terms`][itde.TransformerIDE.terms]): `paper_flows` (Lie with
     $\Delta t = 1$ is the block itself), `split_flows` (for higher-order splittings) and
     `tangent_flows` (the whole field, for any diffrax solver)."""
 
     has_constraint: ClassVar[bool]
+    projected_parts: ClassVar[tuple[str, ...]] = ()
 
     def attention_input(self, eq: TransformerIDE, t, u):
         """The state the attention acts on at depth `t`: `u`, or its normalisation."""
@@ -96,6 +104,7 @@ class PostNorm(AbstractBlockForm):
 
     relaxation: bool = eqx.field(static=True, default=False)
     has_constraint: ClassVar[bool] = True
+    projected_parts: ClassVar[tuple[str, ...]] = ("norm1", "norm2")
 
     def __check_init__(self):
         check_bool("relaxation", self.relaxation)
@@ -132,7 +141,8 @@ class PostNorm(AbstractBlockForm):
 
 
 class _AbstractNormInside(AbstractBlockForm):
-    """Normalisations as maps inside the operators: no constraint on the state."""
+    """Normalisations as maps inside the operators: no constraint on the state (every
+    part, the norms too, is read at the start of a step)."""
 
     has_constraint: ClassVar[bool] = False
 

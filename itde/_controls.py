@@ -9,8 +9,10 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from ._blocks import as_block_form
 from ._checks import check_bool, check_dtype, check_int, check_key
 from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
 from ._operators._affine import FeatureAffine
@@ -19,6 +21,7 @@ from ._operators._feedforward import FeedForward, GatedFeedForward
 from ._operators._layernorm import LayerNormProjection
 from ._operators._rmsnorm import RMSNormProjection
 from ._polynomials import legendre
+from ._reads import map_parts, read_times, reads_at_end
 
 #: The normalisations by name, for configs, the CLI and `Block.init(norm=...)`.
 NORMS: dict[str, type[AbstractNorm]] = {
@@ -363,6 +366,16 @@ class PiecewiseConstant(AbstractControls):
         return jax.tree.map(lambda a: a[n], self.values)
 
 
+def check_layers(name: str, controls, where: str) -> None:
+    """A fit through layers needs per-layer controls."""
+    if not isinstance(controls, PiecewiseConstant):
+        raise TypeError(
+            f"`{where}({name}=...)` fits through a network's layers and needs "
+            f"itde.PiecewiseConstant controls (e.g. `model.controls` of a per-layer model), "
+            f"got {type(controls).__name__}."
+        )
+
+
 class LegendreControls(AbstractControls):
     r"""Controls smooth in depth: every parameter is a Legendre series in $t$,
     $\theta(t) = \sum_{c<C} \theta_c\, P_c(2 (t - t_0)/(t_1 - t_0) - 1)$.
@@ -416,23 +429,57 @@ class LegendreControls(AbstractControls):
         return jax.tree.map(series, _part(self.coeffs, part))
 
     @classmethod
-    def from_layers(cls, controls: PiecewiseConstant, n_modes: int | None = None):
-        """Smooth controls through per-layer values: the Legendre series of degree
-        `n_modes - 1` (default: one mode per layer, i.e. interpolation) fitted by least
-        squares to the layer values at the layer midpoints."""
+    def from_layers(
+        cls, controls: PiecewiseConstant, n_modes: int | None = None, *, block="post_norm"
+    ) -> LegendreControls:
+        r"""Smooth controls through a network's layers: every parameter's Legendre series
+        of degree `n_modes - 1`, fitted by least squares to its layer values at the depths
+        the scheme reads them.
+
+        One Lie step per layer reads layer $n$'s operators (attention, feed-forward, every
+        part but the projections) at the step's start $t_n$ and its projections (the
+        block form's `projected_parts`: post-norm's `norm1`, `norm2`) at the step's end
+        $t_{n+1}$. So the operators are fitted at $t_0, \dots, t_{L-1}$ and the
+        projections at $t_1, \dots, t_L$ (pre-norm and parallel blocks read their norms
+        inside the operators, at the starts). With `n_modes` $= L$ the series interpolates
+        and `TransformerIDE(LegendreControls.from_layers(m.controls, block=m.block),
+        m.grid, block=m.block)` solved by Lie with `dt0` one layer is the network `m`, to
+        round-off; fewer modes smooth it (see `itde.fit_residuals`).
+
+        **Arguments:**
+
+        - `controls`: the network's per-layer controls, a
+          [`PiecewiseConstant`][itde.PiecewiseConstant].
+        - `n_modes`: the number of Legendre modes, 1 to the number of layers $L$
+          (default $L$: interpolation).
+        - `block`: the block form the smooth model will be solved with (an instance or
+          a name of `itde.BLOCK_FORMS`; default the paper's post-norm block).
+
+        **Returns:** `LegendreControls` on the layers' interval $[t_0, t_L]$.
+        """
+        check_layers("controls", controls, "LegendreControls.from_layers")
+        form = as_block_form(block)
         L = controls.n_layers
-        n_modes = L if n_modes is None else n_modes
+        n_modes = L if n_modes is None else check_int("n_modes", n_modes)
         if not 1 <= n_modes <= L:
-            raise ValueError(f"`n_modes`={n_modes} must be between 1 and the {L} layers.")
+            raise ValueError(
+                f"`n_modes`={n_modes} must be between 1 and the {L} layers (a least-squares "
+                f"fit through {L} values has at most {L} modes); e.g. n_modes={L}."
+            )
         t0, t1 = controls.t0, controls.t1
-        mids = t0 + controls.layer_length * (jnp.arange(L) + 0.5)
-        V = legendre(2.0 * (mids - t0) / (t1 - t0) - 1.0, n_modes).T  # [L, modes]
-        pinv = jnp.linalg.pinv(V)
 
-        def fit(a):
-            return jnp.tensordot(pinv.astype(a.dtype), a, axes=1)
+        def fit_part(name, part):
+            ts = read_times(t0, controls.layer_length, L, reads_at_end(form, name))
+            V = np.polynomial.legendre.legvander(2.0 * (ts - t0) / (t1 - t0) - 1.0, n_modes - 1)
+            pinv = np.linalg.pinv(V)  # [modes, L], float64
 
-        return cls(jax.tree.map(fit, controls.values), t0, t1)
+            def fit(a):
+                w = jnp.promote_types(a.dtype, jnp.float32)
+                return jnp.tensordot(jnp.asarray(pinv, w), a.astype(w), axes=1).astype(a.dtype)
+
+            return jax.tree.map(fit, part)
+
+        return cls(map_parts(controls.values, fit_part), t0, t1)
 
     @classmethod
     def init(

@@ -99,7 +99,8 @@ class TransformerIDE(AbstractEquation):
     **Arguments:**
 
     - `controls`: the per-depth parameters: `PiecewiseConstant` over layer blocks (a
-      discrete Transformer) or `LegendreControls` (smooth in depth).
+      discrete Transformer), `LegendreControls` (smooth in depth) or `SplineControls`
+      (a spline through a network's layers).
     - `grid`: token and feature quadrature ([`Grid`][itde.Grid]); `Grid.unit(d)` is the
       standard Transformer.
     - `block`: the block form (see above): `PostNorm()` (default), `PostNorm(relaxation=
@@ -152,7 +153,8 @@ class TransformerIDE(AbstractEquation):
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
             raise TypeError(
-                f"`controls` must be itde.PiecewiseConstant or itde.LegendreControls, got "
+                "`controls` must be itde controls (PiecewiseConstant, LegendreControls, "
+                "SplineControls or another AbstractControls), got "
                 f"{type(self.controls).__name__}."
             )
         if not isinstance(self.grid, Grid):

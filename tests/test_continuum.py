@@ -123,15 +123,21 @@ def test_regime_switch_lie_at_dt_one_is_the_transformer():
     enc = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False).eval()
     x = np.random.default_rng(0).standard_normal((5, 12))
     with torch.no_grad():
+        for p in enc.parameters():  # the layers are copies of one: make them differ
+            p.add_(0.2 * torch.randn_like(p))
         y = enc(torch.as_tensor(x[None]))[0].numpy()
     model = itde.from_torch(enc)
     sol = itde.solve(model, jnp.asarray(x), solver=solvers.LieTrotter(), dt0=1.0)
     assert float(np.max(np.abs(np.asarray(sol.ys[-1]) - y))) < 1e-12
     smooth = itde.TransformerIDE(itde.LegendreControls.from_layers(model.controls), model.grid)
-    mid = smooth.controls(1.5).attention.wq  # interpolates the layer values at midpoints
-    np.testing.assert_allclose(
-        np.asarray(mid), np.asarray(model.controls.layer(1).attention.wq), atol=1e-12
-    )
+    # it interpolates where the scheme reads: layer n's operators at its start t_n, its
+    # projections at its end t_{n+1}; so Lie at dt = 1 is the encoder again
+    layer1 = model.controls.layer(1)
+    np.testing.assert_allclose(smooth.controls(1.0).attention.wq, layer1.attention.wq, atol=1e-12)
+    np.testing.assert_allclose(smooth.controls(2.0).norm2.gain, layer1.norm2.gain, atol=1e-12)
+    assert float(jnp.max(jnp.abs(smooth.controls(1.5).attention.wq - layer1.attention.wq))) > 1e-3
+    sol = itde.solve(smooth, jnp.asarray(x), solver=solvers.LieTrotter(), dt0=1.0)
+    assert float(np.max(np.abs(np.asarray(sol.ys[-1]) - y))) < 1e-12
 
 
 # ------------------------------------------------------------------ gradients through depth
