@@ -93,9 +93,13 @@ def fold_norms(model, input_affine: FeatureAffine | None = None):
         return model
     controls = model.controls
     if not isinstance(controls, PiecewiseConstant):
+        norms = (controls.blocks.norm1, controls.blocks.norm2)
+        if input_affine is None and all(n.gain is None and n.shift is None for n in norms):
+            return model  # smooth controls with projections: already a continuum
         raise TypeError(
-            "`continuum_form` changes the variables of a per-layer network; this model has "
-            f"{type(controls).__name__} controls, whose norms are already the continuum's."
+            "`continuum_form` changes the variables of a per-layer network "
+            f"(PiecewiseConstant controls); this model has {type(controls).__name__} "
+            "controls with per-feature norm gains or an `input_affine`, which it cannot fold."
         )
     layers = [controls.layer(n) for n in range(controls.n_layers)]
     if model.readout is not None or any(

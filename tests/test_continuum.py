@@ -225,9 +225,10 @@ def test_adaptive_solve_past_max_steps_is_an_error(problem):
         ).ys.block_until_ready()
 
 
-def test_tangent_form_needs_exact_projection():
+def test_tangent_form_needs_a_projection():
+    # a fresh network's norms carry a per-feature gain: no projection, no constraint set
     m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2, eps=1e-5)
-    with pytest.raises(ValueError, match="eps=0"):
+    with pytest.raises(ValueError, match="per-feature gain or shift.*continuum_form"):
         itde.solve(m, jnp.ones((3, 8)) + jnp.arange(8.0), solver=solvers.Strang(), dt0=0.5)
     with pytest.raises(ValueError, match="kind"):
         m.terms("exact")
