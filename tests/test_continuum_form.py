@@ -246,3 +246,9 @@ def test_batched_solve_with_user_split_terms():
         itde.solve(m, xb, batched=True, terms=m.terms("paper"))
     ok = itde.solve(m, xb, batched=True, terms=m.terms("paper", batched=True)).ys[-1]
     assert float(jnp.max(jnp.abs(ok - itde.solve(m, xb, batched=True).ys[-1]))) == 0.0
+
+
+def test_to_torch_refuses_a_continuum_form():
+    enc, _, _ = _encoder(0.0, layers=2)
+    with pytest.raises(ValueError, match="continuum form"):
+        itde.to_torch(itde.from_torch(enc).continuum_form())

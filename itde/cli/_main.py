@@ -125,6 +125,22 @@ def cmd_solve(args) -> int:
 def cmd_converge(args) -> int:
     import dataclasses
 
+    if args.checkpoint is not None or args.hf is not None:
+        if args.checkpoint is not None and args.hf is not None:
+            raise ValueError("give one model to study: `--checkpoint DIR` or `--hf DIR`.")
+        if args.config is not None or args.axis is not None:
+            raise ValueError(
+                "`--config`/`--axis` set up the built-in test problem; a model study "
+                "(`--checkpoint` / `--hf`) takes `--steps`, `--inputs` and `--text` instead."
+            )
+        from ._model_study import cmd_model_study
+
+        return cmd_model_study(args)
+    if args.steps is not None or args.text is not None:
+        raise ValueError(
+            "`--steps`/`--text` are options of a model study; give `--checkpoint DIR` or "
+            "`--hf DIR` (the built-in problem takes its steps from [study] steps)."
+        )
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -224,13 +240,18 @@ def _add_converge(sub) -> None:
             "[study] steps against a projected Dopri8 reference, on a smooth problem.\n"
             "--axis tokens / features: a model whose kernels are functions on refining\n"
             "token / feature grids, one row per quadrature rule; --axis all refines the\n"
-            "depth step, tokens and features together (steps = nodes / 4)."
+            "depth step, tokens and features together (steps = nodes / 4).\n"
+            "--checkpoint DIR (a training run) or --hf DIR (a Hugging Face model directory,\n"
+            "read offline): refine the depth of that model, in its continuum form, from its\n"
+            "own inputs, and measure the network's distance to its continuum limit."
         ),
         epilog=writes(
             ("convergence.json", "--axis depth: errors, steps, observed orders, the problem"),
             ("convergence_depth.png", "--axis depth: error against depth step, log-log"),
             ("convergence_AXIS.json", "other axes: errors, node counts, observed orders"),
             ("convergence_AXIS.png", "other axes: error against the number of nodes"),
+            ("convergence_model.json", "--checkpoint/--hf: errors, orders, the distance"),
+            ("convergence_model.png", "--checkpoint/--hf: error against depth step"),
         ),
     )
     p.add_argument("--config", metavar="FILE", help="TOML file with [problem], [reference] "
@@ -240,6 +261,17 @@ def _add_converge(sub) -> None:
                    f"(default: [study] out of the config, {out!r})")  # fmt: skip
     p.add_argument("--axis", choices=_config.AXES, metavar="AXIS", help="what to refine: "
                    f"%(choices)s (default: [study] axis of the config, {axis!r})")  # fmt: skip
+    p.add_argument("--checkpoint", metavar="DIR", help="study the depth of the model of this "
+                   "training checkpoint (from `itde train`), on its held-out inputs")
+    p.add_argument("--hf", metavar="DIR", help="study the depth of the Hugging Face model in "
+                   "this local directory (config.json, weights, tokenizer; nothing is "
+                   "downloaded)")
+    p.add_argument("--text", metavar="FILE", help="--hf: the inputs, one a line (default: "
+                   "sentences of the built-in text)")
+    p.add_argument("--inputs", type=int, default=8, metavar="N", help="--checkpoint/--hf: "
+                   "how many inputs (default %(default)s)")
+    p.add_argument("--steps", type=int, nargs="+", metavar="N", help="--checkpoint/--hf: "
+                   "steps per layer (default 1 2 4 8 16)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_converge)
 

@@ -231,8 +231,9 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
         raise TypeError(
             "`to_torch(model)` needs per-layer (PiecewiseConstant) controls, the discrete "
             f"Transformer; this model has {type(model.controls).__name__}, smooth in depth. "
-            "Sample it at the layer midpoints first, e.g. build PiecewiseConstant controls "
-            "from `model.controls(t)` for t = 0.5, 1.5, ..."
+            "Sample it where the paper's scheme reads it first: the attention and "
+            "feed-forward of layer n at its start t = n, its norms (projections) at its end "
+            "t = n + 1, and stack them into PiecewiseConstant controls."
         )
     if model.controls.n_features is None:
         raise TypeError(
@@ -258,6 +259,12 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             "PyTorch's module would silently compute another network."
         )
     v = model.controls.values
+    if v.affine1 is not None or v.affine2 is not None or model.readout is not None:
+        raise ValueError(
+            "`to_torch(model)`: the model has affine fields or a readout (it is a continuum "
+            "form, in normalised coordinates); PyTorch's encoder layer has no such terms. "
+            "Convert the network it was taken from."
+        )
     for name in ("norm1", "norm2"):
         if not isinstance(getattr(v, name), LayerNormProjection):
             raise ValueError(

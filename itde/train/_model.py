@@ -128,11 +128,18 @@ class TokenModel(eqx.Module):
             )
         return self._forward(tokens, batched=True)
 
+    def initial_state(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n width"]:
+        """The initial condition $f$ of the equation for tokens (any leading axes)."""
+        return self.embedding[tokens] + self.position[: tokens.shape[-1]]
+
+    def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n vocab"]:
+        """The logits from the solution $u(T)$ (any leading axes)."""
+        return u @ self.readout + self.readout_bias
+
     def _forward(self, tokens, batched: bool):
         """Embed (any leading axes), solve in depth, read out."""
-        u0 = self.embedding[tokens] + self.position[: tokens.shape[-1]]
-        u = integrate(self.ide, u0, self.scheme, self.dt, batched=batched)
-        return u @ self.readout + self.readout_bias
+        u0 = self.initial_state(tokens)
+        return self.head(integrate(self.ide, u0, self.scheme, self.dt, batched=batched))
 
 
 class FieldModel(eqx.Module):
@@ -159,15 +166,23 @@ class FieldModel(eqx.Module):
             raise ValueError(f"`u0` must be a batch of fields [batch, n], got {u0.shape}.")
         return self._forward(u0, batched=True)
 
-    def _forward(self, u0, batched: bool):
-        """Lift $[u_0, \\sin x, \\cos x]$ (any leading axes), solve in depth, read out."""
+    def initial_state(self, u0: Float[Array, "... n"]) -> Float[Array, "... n width"]:
+        """The initial condition $f$: $[u_0, \\sin x, \\cos x]$ lifted to the width (any
+        leading axes)."""
         n = u0.shape[-1]
         x = jnp.arange(n, dtype=u0.dtype) * jnp.asarray(2 * math.pi / n, u0.dtype)
         waves = jnp.broadcast_to(jnp.stack([jnp.sin(x), jnp.cos(x)], axis=-1), (*u0.shape, 2))
         feats = jnp.concatenate([u0[..., None], waves], axis=-1)
-        f = feats @ self.lift + self.lift_bias
-        u = integrate(self.ide, f, self.scheme, self.dt, batched=batched)
+        return feats @ self.lift + self.lift_bias
+
+    def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n"]:
+        """The predicted field from the solution $u(T)$ (any leading axes)."""
         return u @ self.readout + self.readout_bias
+
+    def _forward(self, u0, batched: bool):
+        """Lift (any leading axes), solve in depth, read out."""
+        f = self.initial_state(u0)
+        return self.head(integrate(self.ide, f, self.scheme, self.dt, batched=batched))
 
 
 def with_depth(model, scheme: str | None = None, dt: float | None = None, *, name: str = "dt"):

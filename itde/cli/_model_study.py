@@ -1,0 +1,113 @@
+"""`itde converge --checkpoint DIR` and `itde converge --hf DIR`: the depth study of a
+trained or converted model (see `itde.studies.model_depth_study`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from .._io import check_output_dir
+
+#: The steps per layer of the study (`--steps` overrides).
+DEFAULT_STEPS = (1, 2, 4, 8, 16)
+
+
+def _sentences(path: str | None, n: int) -> list[str]:
+    """`n` sentences: the lines of `path`, or the sentences of the built-in text."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"`--text`={path!r} is not a file; give a text file, one input a line.")
+        lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines() if s.strip()]
+        where = f"`--text`={path!r}"
+    else:
+        from ..data import builtin_text_path
+
+        flat = " ".join(builtin_text_path().read_text(encoding="utf-8").split())
+        lines = [s.strip() for s in re.split(r"(?<=[.!?])\s+", flat) if len(s.split()) >= 4]
+        where = "the built-in text"
+    if len(lines) < n:
+        raise ValueError(f"{where} has {len(lines)} inputs, fewer than `--inputs`={n}.")
+    return lines[:n]
+
+
+def _hf_problem(directory: str, text: str | None, n: int):
+    """A Hugging Face model directory (loaded offline), converted; its embeddings of `n`
+    sentences and their mask."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not Path(directory, "config.json").is_file():
+        raise ValueError(
+            f"`--hf`={directory!r} is not a Hugging Face model directory (no config.json in it)."
+        )
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as e:  # pragma: no cover - transformers is a test dependency
+        raise ValueError("`--hf` needs Hugging Face transformers: pip install transformers") from e
+    from ..interop import from_hf
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    model = AutoModel.from_pretrained(directory).eval().double()
+    batch = tok(_sentences(text, n), padding=True, return_tensors="np")
+    m = from_hf(getattr(model, "base_model", model)).continuum_form()
+    ids = jnp.asarray(batch["input_ids"])
+    mask = jnp.asarray(batch["attention_mask"]).astype(bool)
+    return m.equation, jax.vmap(m.embed)(ids), mask, None, ("lie", None), type(model).__name__
+
+
+def _checkpoint_problem(directory: str, n: int):
+    """A training checkpoint: its model (in float64) and `n` held-out inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from ._train import _restore
+
+    run, model, meta = _restore(directory)
+    model = jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, model
+    )
+    x = run.eval_chunks(n)[0][0][:n]
+    u0 = model.initial_state(x)
+
+    def readout(y, mask):
+        return model.head(y)
+
+    name = f"{run.cfg.task.name} model, step {meta['step']}"
+    return model.ide, u0, None, readout, (model.scheme, model.dt), name
+
+
+def cmd_model_study(args) -> int:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from ..studies._model import format_model_study, model_depth_study, write_model_study
+
+    if args.inputs < 1:
+        raise ValueError(f"`--inputs`={args.inputs} must be a positive number of inputs.")
+    out = check_output_dir(args.out if args.out is not None else "runs/converge_model", "--out")
+    if args.checkpoint is not None:
+        if args.text is not None:
+            raise ValueError("`--text` is for --hf; a checkpoint's inputs are its held-out data.")
+        eq, u0, mask, readout, network, name = _checkpoint_problem(args.checkpoint, args.inputs)
+        source = args.checkpoint
+    else:
+        eq, u0, mask, readout, network, name = _hf_problem(args.hf, args.text, args.inputs)
+        source = args.hf
+    steps = DEFAULT_STEPS if args.steps is None else tuple(args.steps)
+    result = model_depth_study(
+        eq, u0, mask=mask, readout=readout, steps=steps, network=network,
+        progress=not args.no_progress,
+    )  # fmt: skip
+    result["source"] = {"path": str(source), "model": name}
+    print(f"itde converge ({source}): {name}")
+    print(format_model_study(result))
+    js, png = write_model_study(result, out)
+    print(f"wrote {js} and {png} ({result['wall_s']:.1f} s)")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,257 @@
+r"""The depth study of a given model: how far is a trained or converted network from the
+continuum limit of its own equation, and at which order do the depth integrators reach it?
+
+The model's equation (its [continuum form][itde.TransformerIDE.continuum_form] where its
+norms are not projections) is solved from the model's own initial states with every scheme
+at steps $h_0/n$, against a fixed-step Dopri8 reference at a step finer than the finest
+studied one, and compared in the model's own output (hidden states, pooled embeddings,
+logits: whatever `readout` returns). The network itself (its own scheme and step) is
+compared with the same reference: that relative distance says how well the trained
+network discretises an ODE (Sander, Ablin and Peyré, "Do residual neural networks
+discretize neural ordinary differential equations?", NeurIPS 2022).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._controls import PiecewiseConstant
+from .._equation import TransformerIDE
+from .._io import check_output_dir, write_json
+from .._plot import save_figure
+from .._registry import SCHEMES
+from .._solve import solve
+from ._depth import study_order
+
+
+def _relative(q, ref) -> float:
+    """$\\|q - q_\\mathrm{ref}\\| / \\|q_\\mathrm{ref}\\|$ over the whole batch (Frobenius)."""
+    q, ref = np.asarray(q, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(q - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def _check(equation, u0, schemes, steps, network) -> None:
+    if not isinstance(equation, TransformerIDE):
+        raise TypeError(
+            f"`equation` must be an itde.TransformerIDE, got {type(equation).__name__}."
+        )
+    if getattr(u0, "ndim", None) != 3 or u0.shape[-1] != equation.n_features:
+        raise ValueError(
+            f"`u0` must be a batch of initial states [batch, tokens, {equation.n_features}], "
+            f"got shape {getattr(u0, 'shape', None)}."
+        )
+    for name in (*schemes, network[0]):
+        if name not in SCHEMES:
+            raise ValueError(f"scheme {name!r} is not known; choose from {sorted(SCHEMES)}.")
+    if not steps or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in steps):
+        raise ValueError(
+            f"`steps`={tuple(steps)!r} must be positive integers (steps per unit of depth), "
+            "e.g. (1, 2, 4, 8)."
+        )
+    if len(steps) < 2:
+        raise ValueError(f"`steps`={tuple(steps)!r}: an order needs at least two steps.")
+
+
+@eqx.filter_jit
+def _final(model, u0, mask, dt, name: str, max_steps: int):
+    """The model's output map of $u(T)$ for a batch, one compilation per scheme and model
+    (the step is traced: constant steps, which divide every layer here)."""
+    s = SCHEMES[name]
+    sol = solve(
+        model, u0, solver=s.make(), terms=s.terms, dt0=dt, batched=True, args=mask,
+        stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps,
+    )  # fmt: skip
+    return jax.vmap(model.output)(sol.ys[-1])
+
+
+def model_depth_study(
+    equation: TransformerIDE,
+    u0,
+    *,
+    mask=None,
+    readout: Callable | None = None,
+    schemes: Sequence[str] = ("lie", "strang", "rk4"),
+    steps: Sequence[int] = (1, 2, 4, 8, 16),
+    network: tuple[str, float | None] = ("lie", None),
+    reference_refinement: int = 4,
+    asymptotic: int | None = 3,
+    keep_outputs: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Refine the depth of a model's equation and measure its distance to its limit.
+
+    **Arguments:**
+
+    - `equation`: the model's `TransformerIDE` (from `itde.from_hf(...).equation`,
+      `itde.from_torch`, or a trained model's `ide`). A post-norm model whose norms have
+      gains is studied through its continuum form (exact at the network's step).
+    - `u0`: the model's initial states, `[batch, tokens, features]` (its embeddings of real
+      inputs).
+    - `mask`: `[batch, tokens]` key mask (False on padding), or None.
+    - `readout`: the model's output from the equation's output `[batch, tokens, features]`
+      (after its readout and final norm) and `mask`: e.g. pooled sentence embeddings or
+      logits. Default: the hidden states, padded rows zeroed.
+    - `schemes`: names of `itde.SCHEMES` to refine.
+    - `steps`: steps per unit of depth (per layer for a discrete model): $h = h_0 / n$.
+    - `network`: the network's own `(scheme, dt)`; `dt` None: one layer (per-layer
+      controls) or one unit of depth.
+    - `reference_refinement`: the Dopri8 reference takes steps this many times finer than
+      the finest studied one (its own error, against half as many steps, is reported).
+    - `asymptotic`: the observed order is fitted to this many of the finest steps (None:
+      all); coarse steps of a real network are far from the asymptotic range.
+    - `keep_outputs`: add `"outputs"`, the readouts of the network and of the reference
+      (NumPy arrays; not JSON).
+
+    **Returns:** a dict (JSON-ready without `"outputs"`): `"results"` (one row per scheme:
+    `dt`, relative `errors` against the reference, `observed_order`, `expected_order`),
+    `"network"` (its scheme, step and relative distance to the limit), `"reference"`
+    and `"model"`.
+    """
+    from tqdm.auto import tqdm
+
+    schemes, steps = tuple(schemes), tuple(steps)
+    _check(equation, u0, schemes, steps, network)
+    t_start = time.perf_counter()
+    form = equation.continuum_form()
+    h0 = (
+        float(equation.controls.layer_length)
+        if isinstance(equation.controls, PiecewiseConstant)
+        else 1.0
+    )
+    if readout is None:
+
+        def readout(y, mask):
+            return y if mask is None else jnp.where(jnp.asarray(mask)[..., None], y, 0.0)
+
+    finest = h0 / max(steps)
+    ref_dt = finest / reference_refinement
+    max_steps = math.ceil(float(equation.depth) / ref_dt) + 2
+
+    def run(model, name: str, dt: float):
+        y = _final(model, u0, mask, jnp.asarray(dt, jnp.float64), name, max_steps)
+        return np.asarray(readout(y, mask))
+
+    bar = tqdm(total=2 + len(schemes) * len(steps), desc="model depth study", disable=not progress)
+    ref = run(form, "dopri8", ref_dt)
+    coarse = run(form, "dopri8", 2 * ref_dt)
+    bar.update(2)
+    net_scheme, net_dt = network[0], h0 if network[1] is None else float(network[1])
+    net = run(equation, net_scheme, net_dt)
+    rows = []
+    for name in schemes:
+        dts, errors = [h0 / n for n in steps], []
+        for dt in dts:
+            errors.append(_relative(run(form, name, dt), ref))
+            bar.set_postfix(scheme=name)
+            bar.update()
+        rows.append(
+            {
+                "scheme": name,
+                "label": SCHEMES[name].label,
+                "expected_order": float(SCHEMES[name].order),
+                "observed_order": study_order(dts, errors, asymptotic=asymptotic),
+                "dt": dts,
+                "errors": errors,
+            }
+        )
+    bar.close()
+    controls = equation.controls
+    result = {
+        "axis": "depth",
+        "kind": "model",
+        "model": {
+            "controls": type(controls).__name__,
+            "layers": getattr(controls, "n_layers", None)
+            if isinstance(controls, PiecewiseConstant)
+            else None,
+            "depth": float(equation.depth),
+            "block": type(equation.block).__name__,
+            "norm": type(controls.blocks.norm2).__name__,
+            "continuum_form": form is not equation,
+            "batch": int(u0.shape[0]),
+            "n_tokens": int(u0.shape[1]),
+            "n_features": int(u0.shape[2]),
+            "dtype": str(u0.dtype),
+        },
+        "network": {
+            "scheme": net_scheme,
+            "dt": net_dt,
+            "distance_to_limit": _relative(net, ref),
+        },
+        "reference": {
+            "scheme": "dopri8",
+            "dt": ref_dt,
+            "self_error": _relative(coarse, ref),
+        },
+        "results": rows,
+        "asymptotic": asymptotic,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    if keep_outputs:
+        result["outputs"] = {"network": net, "limit": ref}
+    return result
+
+
+def format_model_study(result: dict) -> str:
+    """The study as plain text: the network's distance to its limit, then one row per
+    scheme (relative errors in the model's output against the reference)."""
+    from ._depth import format_table
+
+    m, net, ref = result["model"], result["network"], result["reference"]
+    form = ", in continuum form" if m["continuum_form"] else ""
+    lines = [
+        f"{m['block']} {m['controls']} model ({m['norm']}{form}), depth {m['depth']:g}; "
+        f"{m['batch']} inputs x {m['n_tokens']} tokens x {m['n_features']} features, "
+        f"{m['dtype']}",
+        f"reference: Dopri8, dt={ref['dt']:.4g} (relative change against 2 dt: "
+        f"{ref['self_error']:.1e})",
+        f"the network ({net['scheme']}, dt={net['dt']:g}) is {net['distance_to_limit']:.3g} "
+        "(relative) from the continuum limit of its equation",
+        format_table(result),
+    ]
+    return "\n".join(lines)
+
+
+def figure_model_study(result: dict):
+    """Relative error in the model's output against the depth step, one curve per scheme
+    with its observed order, and the network's own distance to the limit as a marker."""
+    from .._plot import ZERO_AT, _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5.4), layout="constrained")
+    for i, r in enumerate(result["results"]):
+        q = r["observed_order"]
+        order = f"order {q:.2f}" if math.isfinite(q) else "at round-off"
+        ax.loglog(r["dt"], np.maximum(r["errors"], ZERO_AT), "o-", color=f"C{i % 10}",
+                  label=f"{r['scheme']}: {order} (expected {r['expected_order']:g})")  # fmt: skip
+    net = result["network"]
+    ax.loglog([net["dt"]], [max(net["distance_to_limit"], ZERO_AT)], "k*", ms=14,
+              label=f"the network ({net['scheme']}, dt={net['dt']:g}): "
+              f"{net['distance_to_limit']:.2g} from its limit")  # fmt: skip
+    ax.set_xlabel("depth step $h$")
+    ax.set_ylabel("relative error of the model's output against the limit")
+    m = result["model"]
+    ax.set_title(f"Depth refinement of a {m['block']} model ({m['norm']}), "
+                 f"{m['batch']} inputs\nreference: Dopri8 at h={result['reference']['dt']:.3g}",
+                 fontsize=11)  # fmt: skip
+    fig.legend(loc="outside lower center", ncols=1, fontsize=8)
+    return fig
+
+
+def write_model_study(result: dict, out: Path) -> tuple[Path, Path]:
+    """Write `convergence_model.json` (without `"outputs"`) and `convergence_model.png`
+    into `out`, atomically; return their paths."""
+    check_output_dir(out)
+    data = {k: v for k, v in result.items() if k != "outputs"}
+    js = write_json(out / "convergence_model.json", data)
+    png = save_figure(figure_model_study(result), out / "convergence_model.png")
+    return js, png
