@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import warnings
 from collections.abc import Iterable
 
 
@@ -95,3 +98,34 @@ def check_key(name: str, key) -> None:
             f"`{name}`={key!r} is not a PRNG key; pass `jax.random.key(seed)` (or "
             "`jax.random.PRNGKey(seed)`)."
         )
+
+
+def _folder(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+def _library_folders() -> tuple[str, ...]:
+    """The library code between a user's call and a warning: itde itself and the packages
+    that call back into it (equinox's method wrappers, jax's tracing, diffrax's solve)."""
+    import diffrax
+    import equinox as eqx
+    import jax
+
+    import itde_solvers
+
+    return (_folder(__file__), *(_folder(m.__file__) for m in (itde_solvers, eqx, jax, diffrax)))
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """A warning located at the user's call: the first frame outside the library folders
+    (itde, itde_solvers, equinox, jax, diffrax)."""
+    folders = _library_folders()
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, category, skip_file_prefixes=folders)
+        return
+    # Python 3.11 lacks `skip_file_prefixes`: apply the same rule to find the stacklevel
+    # (remove this branch once the floor is 3.12).
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(folders):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import diffrax
 import equinox as eqx
@@ -21,7 +20,7 @@ from itde_solvers import (
 )
 
 from ._abstract import AbstractEquation
-from ._checks import check_bool, check_float, check_int
+from ._checks import check_bool, check_float, check_int, warn_at_caller
 from ._controls import PiecewiseConstant
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
@@ -216,8 +215,7 @@ def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
     controls, block = model.controls, getattr(model, "block", None)
     if not (isinstance(controls, PiecewiseConstant) and getattr(block, "has_constraint", False)):
         return
-    norms = (controls.blocks.norm1, controls.blocks.norm2)
-    if all(n.gain is None and n.shift is None for n in norms):
+    if all(_is_projection(n) for n in (controls.blocks.norm1, controls.blocks.norm2)):
         return
     h = controls.layer_length
     if stepsize_controller is None or isinstance(stepsize_controller, diffrax.ConstantStepSize):
@@ -233,7 +231,7 @@ def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
         what = "the StepTo grid has steps inside layers"
     else:
         what = f"the {type(stepsize_controller).__name__} takes steps inside layers"
-    warnings.warn(
+    warn_at_caller(
         f"itde.solve: {what} on a per-layer post-norm model whose norms have per-feature "
         "gains or shifts. Such a norm is not a projection (applying it twice moves the "
         "state) and every Lie step re-applies it, so this solve computes a different "
@@ -242,8 +240,18 @@ def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
         "`model.continuum_form()` (the same network at one step per layer; any solver, "
         f"any step); for the network itself, use dt0={h:g}.",
         DepthStepWarning,
-        stacklevel=3,
     )
+
+
+def _is_projection(norm) -> bool:
+    """No per-feature affine map, or (concretely) the identity one: a fresh network's
+    gain of ones and shift of zeros."""
+    for value, identity in ((norm.gain, 1.0), (norm.shift, 0.0)):
+        if value is None:
+            continue
+        if isinstance(value, jax.core.Tracer) or not np.all(np.asarray(value) == identity):
+            return False
+    return True
 
 
 def _freeze_layers(controls, solver, t0: float, t1: float):

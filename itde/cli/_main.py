@@ -262,10 +262,11 @@ def _add_converge(sub) -> None:
     p.add_argument("--axis", choices=_config.AXES, metavar="AXIS", help="what to refine: "
                    f"%(choices)s (default: [study] axis of the config, {axis!r})")  # fmt: skip
     p.add_argument("--checkpoint", metavar="DIR", help="study the depth of the model of this "
-                   "training checkpoint (from `itde train`), on its held-out inputs")
+                   "training checkpoint (from `itde train`), on its held-out inputs (default: "
+                   "none, the built-in problem)")
     p.add_argument("--hf", metavar="DIR", help="study the depth of the Hugging Face model in "
                    "this local directory (config.json, weights, tokenizer; nothing is "
-                   "downloaded)")
+                   "downloaded) (default: none, the built-in problem)")
     p.add_argument("--text", metavar="FILE", help="--hf: the inputs, one a line (default: "
                    "sentences of the built-in text)")
     p.add_argument("--inputs", type=int, default=8, metavar="N", help="--checkpoint/--hf: "

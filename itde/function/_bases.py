@@ -17,21 +17,9 @@ from jaxtyping import Array, Float
 
 import itde_solvers
 
+from .._checks import warn_at_caller as _warn
 from .._polynomials import legendre
 from .._quadrature._rules import _check_interval
-
-
-def _folder(path: str) -> str:
-    return os.path.dirname(os.path.abspath(path)) + os.sep
-
-
-#: The library code between a user's call and a warning raised while sampling: itde
-#: itself and the packages that call back into it (equinox's method wrappers, jax's
-#: tracing, diffrax's solve). A warning points at the first frame outside them.
-_LIBRARY_FOLDERS: tuple[str, ...] = (
-    _folder(os.path.dirname(os.path.abspath(__file__))),  # itde/
-    *(_folder(m.__file__) for m in (itde_solvers, eqx, jax, diffrax)),
-)
 
 
 class AbstractBasis(eqx.Module):
@@ -125,15 +113,3 @@ def check_resolution(basis: AbstractBasis, n_nodes: int, where: str) -> None:
         )
 
 
-def _warn(message: str) -> None:
-    """A `UserWarning` located at the user's call: the first frame outside
-    `_LIBRARY_FOLDERS`."""
-    if sys.version_info >= (3, 12):
-        warnings.warn(message, UserWarning, skip_file_prefixes=_LIBRARY_FOLDERS)
-        return
-    # Python 3.11 lacks `skip_file_prefixes`: apply the same rule to find the stacklevel
-    # (remove this branch once the floor is 3.12).
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
