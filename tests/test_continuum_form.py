@@ -252,3 +252,35 @@ def test_to_torch_refuses_a_continuum_form():
     enc, _, _ = _encoder(0.0, layers=2)
     with pytest.raises(ValueError, match="continuum form"):
         itde.to_torch(itde.from_torch(enc).continuum_form())
+
+
+def test_regularised_projections_converge_to_the_flow_on_their_moving_fixed_set():
+    """Smooth controls, eps > 0 and a moving set: the network's Lie steps (the regularised
+    maps) and projected RK4 on the fixed-point set (whose radius moves as
+    sqrt(sigma2(t)^2 - eps): the drift) reach the same limit."""
+    eps = 0.05
+    import equinox as eqx
+
+    controls = itde.LegendreControls.init(
+        jax.random.key(4), n_modes=3, t1=1.0, n_features=8, n_heads=2, n_hidden=12,
+        activation="gelu", sigma1=(0.0, 0.3), sigma2=(1.0, 0.4), dtype=jnp.float64,
+    )  # fmt: skip
+    n = controls.coeffs.norm2
+    regularised = itde.LayerNormProjection.scalar(n.sigma1, n.sigma2, eps=eps)
+    controls = eqx.tree_at(lambda c: (c.coeffs.norm1, c.coeffs.norm2), controls,
+                           (regularised, regularised))  # fmt: skip
+    m = itde.TransformerIDE(controls, itde.Grid.unit(8))
+    u0 = m.project(0.0, jax.random.normal(jax.random.key(5), (5, 8), jnp.float64))
+    ref = itde.solve(m, u0, solver=S.Projected(S.RK4()), dt0=1 / 64).ys[-1]
+    lie = [
+        float(jnp.max(jnp.abs(itde.solve(m, u0, dt0=h).ys[-1] - ref)))
+        for h in (1 / 16, 1 / 32, 1 / 64)
+    ]
+    assert np.all((_rates(lie) > 0.8) & (_rates(lie) < 1.3)), lie
+    # and projected RK4 keeps its order: the drift of the set is the fixed set's
+    rk4 = [
+        float(jnp.max(jnp.abs(itde.solve(m, u0, solver=S.Projected(S.RK4()), dt0=h).ys[-1]
+                              - ref)))
+        for h in (1 / 4, 1 / 8, 1 / 16)
+    ]  # fmt: skip
+    assert np.all(_rates(rk4) > 3.4), rk4
