@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._config import (  # noqa: F401
         ConfigError,
     )
+    from ._continuum import (  # noqa: F401
+        continuum_form,
+    )
     from ._controls import (  # noqa: F401
         AbstractBlock,
         AbstractControls,
@@ -33,9 +36,6 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         LegendreControls,
         PiecewiseConstant,
         stack,
-    )
-    from ._continuum import (  # noqa: F401
-        continuum_form,
     )
     from ._equation import (  # noqa: F401
         TransformerIDE,

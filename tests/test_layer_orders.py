@@ -6,7 +6,6 @@ layer, integrated layer by layer with SciPy's DOP853 at tolerance 1e-13.
 """
 
 import diffrax
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -18,7 +18,9 @@ def _sentences(path: str | None, n: int) -> list[str]:
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ValueError(f"`--text`={path!r} is not a file; give a text file, one input a line.")
+            raise ValueError(
+                f"`--text`={path!r} is not a file; give a text file, one input a line."
+            )
         lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines() if s.strip()]
         where = f"`--text`={path!r}"
     else:

@@ -71,6 +71,9 @@ def _restore(directory):
 
 
 def cmd_eval(args) -> int:
+    import warnings
+
+    from .._solve import DepthStepWarning
     from ..train import evaluate, with_depth
 
     if args.size is not None and args.size < 1:
@@ -87,13 +90,17 @@ def cmd_eval(args) -> int:
             f"{trained.scheme!r}): it is the trained network only at its training step "
             f"dt={trained.dt:g}; at dt={model.dt:g} every layer's block is split into other "
             "steps, which makes a different network, not a finer solve of the same one, so "
-            "expect other metrics. Only continuous-depth models ([model] scheme = a smooth "
-            "scheme such as 'rk4') solve the same equation at every step.",
+            "expect other metrics (its LayerNorm gains are not projections). To refine its "
+            "depth, study its continuum form: `itde converge --checkpoint "
+            f"{args.checkpoint}`. Continuous-depth models ([model] scheme = a smooth scheme "
+            "such as 'rk4') solve the same equation at every step.",
             file=sys.stderr,
         )
     task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
     chunks = run.eval_chunks(args.size, task)
-    metrics = evaluate(model, chunks, task, run.compute_dtype)
+    with warnings.catch_warnings():  # said once above, in the command's own words
+        warnings.simplefilter("ignore", DepthStepWarning)
+        metrics = evaluate(model, chunks, task, run.compute_dtype)
     row = {"step": meta["step"], "scheme": model.scheme, "dt": model.dt,
            "examples": sum(c[0].shape[0] for c in chunks), **metrics}  # fmt: skip
     if task.grid_size is not None:

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import abc
 import math
-import os
-import sys
-import warnings
 
-import diffrax
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
-
-import itde_solvers
 
 from .._checks import warn_at_caller as _warn
 from .._polynomials import legendre
