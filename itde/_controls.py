@@ -276,6 +276,14 @@ def _check_blocks(name: str, blocks) -> None:
         )
 
 
+def check_layering(t0: float, layer_length: float) -> None:
+    """Layers start at a finite `t0` and have a finite positive depth length."""
+    if not (math.isfinite(t0) and math.isfinite(layer_length)):
+        raise ValueError(f"`t0`={t0} and `layer_length`={layer_length} must be finite.")
+    if not layer_length > 0:
+        raise ValueError(f"`layer_length`={layer_length} must be > 0, e.g. 1.0.")
+
+
 def _unstack(values: AbstractBlock) -> list[AbstractBlock]:
     n = int(jax.tree.leaves(values)[0].shape[0])
     return [jax.tree.map(lambda a: a[i], values) for i in range(n)]
@@ -305,12 +313,7 @@ class PiecewiseConstant(AbstractControls):
 
     def __check_init__(self):
         _check_blocks("values", self.values)
-        if not (math.isfinite(self.t0) and math.isfinite(self.layer_length)):
-            raise ValueError(
-                f"`t0`={self.t0} and `layer_length`={self.layer_length} must be finite."
-            )
-        if not self.layer_length > 0:
-            raise ValueError(f"`layer_length`={self.layer_length} must be > 0, e.g. 1.0.")
+        check_layering(self.t0, self.layer_length)
 
     @property
     def blocks(self) -> AbstractBlock:

@@ -8,8 +8,6 @@ $t_0, \dots, t_{L-1}$, the projections at the layer ends $t_1, \dots, t_L$.
 
 from __future__ import annotations
 
-import math
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -23,6 +21,7 @@ from ._controls import (
     PiecewiseConstant,
     _check_blocks,
     _part,
+    check_layering,
     check_layers,
 )
 from ._reads import map_parts, part_names, read_side, read_times, reads_at_end
@@ -107,12 +106,7 @@ class SplineControls(AbstractControls):
                 f"`pieces`: every array needs shape [layers, degree + 1 = {self.degree + 1}, "
                 f"...], got {bad[0]}; build them with `SplineControls.from_layers`."
             )
-        if not (math.isfinite(self.t0) and math.isfinite(self.layer_length)):
-            raise ValueError(
-                f"`t0`={self.t0} and `layer_length`={self.layer_length} must be finite."
-            )
-        if not self.layer_length > 0:
-            raise ValueError(f"`layer_length`={self.layer_length} must be > 0, e.g. 1.0.")
+        check_layering(self.t0, self.layer_length)
 
     @property
     def blocks(self) -> AbstractBlock:

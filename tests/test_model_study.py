@@ -39,6 +39,7 @@ def test_study_of_a_converted_network():
     orders = {row["scheme"]: row["observed_order"] for row in r["results"]}
     assert 0.85 < orders["lie"] < 1.2 and orders["strang"] > 1.8 and orders["rk4"] > 3.6, orders
     assert r["model"]["continuum_form"] and r["reference"]["self_error"] < 1e-9
+    assert r["reference"]["dt"] == pytest.approx(1 / 16 / 4)  # 4x finer than the finest
     # the network's output is the source network's, and its distance to the limit is the
     # distance of that output from the reference limit
     net, limit = r["outputs"]["network"], r["outputs"]["limit"]

@@ -39,10 +39,7 @@ class AbstractAttention(eqx.Module):
         r"""The same operator applied to $a \circ z + b$, with the affine map folded into
         its input weights: `op.with_input_affine(a, b)(z) == op(a * z + b)`. Discrete
         operators only (a per-feature map lives on one grid's nodes)."""
-        raise TypeError(
-            f"{type(self).__name__} holds kernel functions; folding a per-feature affine map "
-            "into it needs discrete kernels (a converted or per-layer model)."
-        )
+        _no_fold(self)
 
 
 class AbstractFeedForward(eqx.Module):
@@ -60,10 +57,7 @@ class AbstractFeedForward(eqx.Module):
         r"""The same operator applied to $a \circ z + b$, with the affine map folded into
         its input weights: `op.with_input_affine(a, b)(z) == op(a * z + b)`. Discrete
         operators only (a per-feature map lives on one grid's nodes)."""
-        raise TypeError(
-            f"{type(self).__name__} holds kernel functions; folding a per-feature affine map "
-            "into it needs discrete kernels (a converted or per-layer model)."
-        )
+        _no_fold(self)
 
 
 class AbstractNorm(eqx.Module):
@@ -179,6 +173,13 @@ class AbstractNorm(eqx.Module):
         """Roles of parameters that depend on the module's values (see `itde.train`):
         none by default."""
         return {}
+
+
+def _no_fold(op) -> None:
+    raise TypeError(
+        f"{type(op).__name__} holds kernel functions; folding a per-feature affine map into "
+        "it needs discrete kernels (a converted or per-layer model)."
+    )
 
 
 def feature_mean(u: Float[Array, "tokens features"], weights: np.ndarray | None):

@@ -43,7 +43,28 @@ def check_activation(activation: str) -> str:
     return activation
 
 
-class FeedForward(AbstractFeedForward):
+class _AbstractDiscreteFeedForward(AbstractFeedForward):
+    """A feed-forward with discrete kernels: its input kernels (`_input_kernels`, name to
+    bias name) take a folded input affine map."""
+
+    _input_kernels: ClassVar[dict[str, str]]
+
+    def with_input_affine(self, scale, shift, feature_weights=None):
+        r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
+        kernels, $b$ enters their biases."""
+        sw = None if shift is None else _weighted(shift, feature_weights)
+
+        def fold(b, w):
+            if sw is None:
+                return b
+            return sw @ w if b is None else b + sw @ w
+
+        kw = {n: scale[:, None] * getattr(self, n) for n in self._input_kernels}
+        kb = {b: fold(getattr(self, b), getattr(self, n)) for n, b in self._input_kernels.items()}
+        return dataclasses.replace(self, **kw, **kb)
+
+
+class FeedForward(_AbstractDiscreteFeedForward):
     r"""$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\Big(\int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi
     + b_1(z)\Big)\,dz + b_2(y)$.
 
@@ -99,20 +120,6 @@ class FeedForward(AbstractFeedForward):
             activation=check_activation(activation),
         )
 
-    def with_input_affine(self, scale, shift, feature_weights=None):
-        r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
-        kernels, $b$ enters their biases."""
-        sw = None if shift is None else _weighted(shift, feature_weights)
-
-        def fold(b, w):
-            if sw is None:
-                return b
-            return sw @ w if b is None else b + sw @ w
-
-        kw = {n: scale[:, None] * getattr(self, n) for n in self._input_kernels}
-        kb = {b: fold(getattr(self, b), getattr(self, n)) for n, b in self._input_kernels.items()}
-        return dataclasses.replace(self, **kw, **kb)
-
     def __call__(
         self,
         u: Float[Array, "tokens features"],
@@ -125,7 +132,7 @@ class FeedForward(AbstractFeedForward):
         return _linear(_weighted(act(h), hidden_weights), self.w2, self.b2)  # type: ignore[operator]
 
 
-class GatedFeedForward(AbstractFeedForward):
+class GatedFeedForward(_AbstractDiscreteFeedForward):
     r"""The gated feed-forward operator (GLU family: SwiGLU with `silu`, GeGLU with `gelu`):
     $$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\big(G(x,z)\big)\,H(x,z)\,dz + b_2(y),$$
     $G = \int_{\Omega_y} W_g(\xi,z)\,u(x,\xi)\,d\xi + b_g(z)$ and
@@ -190,20 +197,6 @@ class GatedFeedForward(AbstractFeedForward):
             b2=u(k5, (n_features,), a2) if bias else None,
             activation=check_activation(activation),
         )
-
-    def with_input_affine(self, scale, shift, feature_weights=None):
-        r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
-        kernels, $b$ enters their biases."""
-        sw = None if shift is None else _weighted(shift, feature_weights)
-
-        def fold(b, w):
-            if sw is None:
-                return b
-            return sw @ w if b is None else b + sw @ w
-
-        kw = {n: scale[:, None] * getattr(self, n) for n in self._input_kernels}
-        kb = {b: fold(getattr(self, b), getattr(self, n)) for n, b in self._input_kernels.items()}
-        return dataclasses.replace(self, **kw, **kb)
 
     def __call__(
         self,

@@ -7,10 +7,11 @@ from functools import partial
 
 import equinox as eqx
 import jax.numpy as jnp
-from diffrax import AbstractSolver, AbstractTerm, AbstractWrappedSolver
+from diffrax import AbstractSolver, AbstractTerm
 
 from ._diffrax_private import AdjointTerm, WrapTerm
 from ._terms import ProjectionTerm, SplitTerm
+from ._wrapped import AbstractForwardingSolver
 
 
 class _AtTime(AbstractTerm):
@@ -50,7 +51,7 @@ def _at_time(terms, t):
     return _AtTime(terms, t)
 
 
-class FrozenTime(AbstractWrappedSolver):
+class FrozenTime(AbstractForwardingSolver):
     r"""Any diffrax solver, for a field that is constant in time on each step.
 
     A field that is piecewise constant in time, $f(t, y) = f_j(y)$ on
@@ -93,30 +94,6 @@ class FrozenTime(AbstractWrappedSolver):
     @property
     def interpolation_cls(self):  # pyright: ignore
         return self.solver.interpolation_cls
-
-    @property
-    def root_finder(self):
-        return self.solver.root_finder  # pyright: ignore
-
-    @property
-    def root_find_max_steps(self):
-        return self.solver.root_find_max_steps  # pyright: ignore
-
-    @property
-    def scan_kind(self):
-        return getattr(self.solver, "scan_kind", None)
-
-    def with_scan_kind(self, kind: str) -> FrozenTime:
-        """A copy whose wrapped Runge–Kutta solver uses `scan_kind=kind` for its stages
-        (diffrax's `DirectAdjoint` needs `"bounded"`, and cannot set it through a wrapper)."""
-        inner = self.solver
-        if hasattr(inner, "with_scan_kind"):
-            inner = inner.with_scan_kind(kind)  # pyright: ignore
-        elif hasattr(inner, "scan_kind"):
-            inner = eqx.tree_at(
-                lambda s: s.scan_kind, inner, kind, is_leaf=lambda x: x is None
-            )
-        return FrozenTime(inner, self.jump_ts)
 
     def order(self, terms):
         return self.solver.order(terms)

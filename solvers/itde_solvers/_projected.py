@@ -6,18 +6,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
 
-import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from diffrax import (
     AbstractLocalInterpolation,
     AbstractSolver,
     AbstractTerm,
-    AbstractWrappedSolver,
 )
 
 from ._diffrax_private import AdjointTerm, WrapTerm
 from ._subflows import advance, combine_results, is_projection, split_flows
+from ._wrapped import AbstractForwardingSolver
 
 
 class _ProjectedInterpolation(AbstractLocalInterpolation):
@@ -49,7 +48,7 @@ def _build_interpolation(inner_cls, *, t0, t1, inner, correction):
     )
 
 
-class Projected(AbstractWrappedSolver):
+class Projected(AbstractForwardingSolver):
     r"""A projection method: a diffrax solver on $\sum_i f_i$, then the projections at $t_1$.
 
     The terms are a [`SplitTerm`][itde_solvers.SplitTerm]. Each step integrates the sum of its
@@ -108,31 +107,6 @@ class Projected(AbstractWrappedSolver):
     @property
     def interpolation_cls(self) -> Callable[..., AbstractLocalInterpolation]:  # pyright: ignore
         return partial(_build_interpolation, self.solver.interpolation_cls)
-
-    # Forwarded so that `diffeqsolve` can set an implicit solver's root-finder tolerances.
-    @property
-    def root_finder(self):
-        return self.solver.root_finder  # pyright: ignore
-
-    @property
-    def root_find_max_steps(self):
-        return self.solver.root_find_max_steps  # pyright: ignore
-
-    # diffrax's DirectAdjoint and ForwardMode read `solver.scan_kind` of Runge-Kutta
-    # solvers (the isinstance check is forwarded to the wrapped solver) and, when it is
-    # None, rewrite it to "bounded"/"lax" with `eqx.tree_at` -- which cannot reach a
-    # wrapped solver's field. Forward it; `with_scan_kind` sets it on the wrapped solver.
-    @property
-    def scan_kind(self):
-        return getattr(self.solver, "scan_kind", None)
-
-    def with_scan_kind(self, kind: str) -> Projected:
-        """A copy whose wrapped Runge–Kutta solver uses `scan_kind=kind` for its stages
-        (needed with `diffrax.DirectAdjoint`: `kind="bounded"`)."""
-        if not hasattr(self.solver, "scan_kind"):
-            return self
-        inner = eqx.tree_at(lambda s: s.scan_kind, self.solver, kind, is_leaf=lambda x: x is None)
-        return Projected(inner, self.reuse_fsal)
 
     def order(self, terms):
         _flows(terms)
