@@ -310,7 +310,9 @@ def main(argv=None) -> dict:
     continuum_dt1 = float(np.max(np.abs(y_cf - y_net)[real]))
     log(f"continuum form, Lie at dt = 1 vs the network: max |diff| {continuum_dt1:.2e}")
 
-    # ---- 3. the depth study, in the sentence embeddings
+    # ---- 3. the depth study, in the sentence embeddings, of the continuum form with the
+    # embedding LayerNorm folded into the first layer (from `m.continuum_form()`, as
+    # `itde converge --hf`), from its initial states P0(e) on the constraint set
     study = model_depth_study(
         cf.equation, z0, mask=mask, readout=sentence_embedding, steps=steps,
         reference_refinement=2, keep_outputs=True, progress=not tiny,
@@ -360,7 +362,8 @@ def main(argv=None) -> dict:
             "network_distance": relative(network, fine),
             "limit_distance": relative(limit, fine),
         }
-    med = {k: float(np.median([v for p, v in r.items()])) for k, r in fits.items()}
+    # medians over the parameters that change with the layer (not the projections' constants)
+    med = {k: float(np.median([v for p, v in r.items() if p in diffs])) for k, r in fits.items()}
     log(f"layer-to-layer relative differences: median {np.median(all_diffs):.3f}, range "
         f"[{all_diffs.min():.3f}, {all_diffs.max():.3f}] (smooth: O(1/N) = "
         f"{1 / controls.n_layers:.3f}; independent layers of equal norm: sqrt 2)")  # fmt: skip
