@@ -157,6 +157,9 @@ def test_pretrained_continuum_tiny(gallery, tmp_path, capsys):
     cos = [r["cos_limit_mean"] for r in towards]
     assert cos[0] < cos[1] < cos[2] < 1, cos
     assert data["depth_step_warnings"] == {"1/2": ["DepthStepWarning"], "1/4": ["DepthStepWarning"]}
+    # and the original network sub-stepped is another network, further away at 1/4
+    away = [task[f"original network, Lie dt=1/{n}"]["cos_network_mean"] for n in (2, 4)]
+    assert away[1] < away[0] < 0.999, away
     sander = data["sander"]
     n_layers = study["model"]["layers"]
     assert max(sander["fit_residuals"][f"legendre_{n_layers}"].values()) < 1e-10
