@@ -6,7 +6,10 @@ trigonometric interpolation).
 
 The tiny runs of `resnet_ode.py`, `splitting_blocks.py` and `resolution_transfer.py` are
 behind `-m slow` (each is a few diffrax compiles, up to a minute on a 2-core CPU); their
-models are built and run by default in `test_gallery_smoke.py`."""
+models are built and run by default in `test_gallery_smoke.py`. The tiny run of
+`pretrained_continuum.py` (a random 2-layer `BertModel`, about 20 s) is default: it checks
+the conversion against Hugging Face, the continuum form at one step per layer and the
+depth study's convergence."""
 
 from __future__ import annotations
 
@@ -118,3 +121,77 @@ def test_fourier_interpolation_is_exact_for_band_limited_fields(gallery):
     # cos(8x) is the Nyquist mode of 16 points: its samples are exact, the interpolant
     # must be cos(8x) itself on the finer grid
     np.testing.assert_allclose(mod.fourier_interpolate(field(m), n), field(n), atol=1e-12)
+
+
+def test_pretrained_continuum_tiny(gallery, tmp_path, capsys):
+    """The pipeline of the pretrained study on a random 2-layer BertModel: the conversion is
+    Hugging Face's (float64 to round-off, also through the study's network output and the
+    sentence pooling over real tokens), the continuum form is the network at dt = 1, the
+    depth study converges at the orders of Strang and RK4, the continuum form's sub-steps
+    approach the limit, and the fits through the layers interpolate them."""
+    data = _run(gallery("pretrained_continuum"), "pretrained_continuum", tmp_path, capsys)
+    c64, c32 = data["conversion"]["float64"], data["conversion"]["float32"]
+    assert c64["hidden_max_abs"] < 1e-10 and c64["embedding_max_abs"] < 1e-10
+    assert c32["hidden_max_abs"] < 1e-4 * c32["hidden_max_abs_ref"]
+    assert data["continuum_dt1_max_abs"] < 1e-10
+    # the study's `network` output is the network's sentence embeddings (not the limit's)
+    assert data["network_vs_hf_embedding_max_abs"] < 1e-10
+    study = data["study"]
+    assert study["reference"]["self_error"] < 1e-5
+    rows = {r["scheme"]: r for r in study["results"]}
+    assert rows["lie"]["dt"] == [1.0, 0.5, 0.25]
+    # Lie at one step per layer is the network itself
+    assert rows["lie"]["errors"][0] == pytest.approx(study["network"]["distance_to_limit"])
+    for name, order in (("strang", 1.7), ("rk4", 3.5)):
+        e = rows[name]["errors"]
+        assert all(b < a for a, b in zip(e[:-1], e[1:], strict=False)), (name, e)
+        assert rows[name]["observed_order"] > order, (name, rows[name]["observed_order"])
+    task = {r["variant"]: r for r in data["task"]}
+    net, lim = task["network"], task["limit"]
+    assert net["cos_network_mean"] == pytest.approx(1.0) and net["nn_same_as_network"] == 1.0
+    assert lim["cos_limit_mean"] == pytest.approx(1.0)
+    assert lim["cos_network_mean"] == pytest.approx(net["cos_limit_mean"])
+    assert net["spearman_vs_network"] == pytest.approx(1.0)
+    # the continuum form's Lie sub-steps move towards the limit
+    towards = [net, task["continuum form, Lie dt=1/2"], task["continuum form, Lie dt=1/4"]]
+    cos = [r["cos_limit_mean"] for r in towards]
+    assert cos[0] < cos[1] < cos[2] < 1, cos
+    assert data["depth_step_warnings"] == {"1/2": ["DepthStepWarning"], "1/4": ["DepthStepWarning"]}
+    # and the original network sub-stepped is another network, further away at 1/4
+    away = [task[f"original network, Lie dt=1/{n}"]["cos_network_mean"] for n in (2, 4)]
+    assert away[1] < away[0] < 0.999, away
+    sander = data["sander"]
+    n_layers = study["model"]["layers"]
+    assert max(sander["fit_residuals"][f"legendre_{n_layers}"].values()) < 1e-10
+    spline = sander["splines"]["degree_3"]
+    assert spline["fit_residual_max"] < 1e-12 and spline["rk4_self_error"] < 1e-2
+    assert all(len(v) == n_layers - 1 for v in sander["layer_differences"].values())
+
+
+def test_pretrained_continuum_helpers(gallery):
+    """Spearman's correlation, nearest neighbours and the layer-to-layer differences."""
+    mod = gallery("pretrained_continuum")
+    a = np.array([0.1, 0.5, 0.3, 0.9, 0.7])
+    assert mod.spearman(a, np.exp(a)) == pytest.approx(1.0)
+    assert mod.spearman(a, -a) == pytest.approx(-1.0)
+    assert mod.spearman(a, [1.0, 2.0, 3.0, 5.0, 4.0]) == pytest.approx(1 - 6 * 2 / 120)
+    e = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    assert mod.neighbours(e).tolist() == [1, 2, 1]
+    import jax
+
+    import itde
+
+    layers = [np.full((2, 2), v) for v in (1.0, 3.0, 3.0)]
+    norm = itde.LayerNormProjection(0.0, 1.0, None, None, 0.0)
+    blocks = [
+        itde.Block(
+            itde.Attention.init(jax.random.key(i), n_features=2, n_heads=1, dtype=np.float64),
+            norm,
+            itde.FeedForward(w, w, None, None, "relu"),
+            norm,
+        )
+        for i, w in enumerate(layers)
+    ]
+    diffs = mod.layer_differences(itde.PiecewiseConstant(itde.stack(blocks)))
+    assert diffs["feedforward.w1"] == pytest.approx([2.0, 0.0])
+    assert not any(k.startswith("norm") for k in diffs)  # constant in depth: left out
