@@ -91,11 +91,16 @@ def model_depth_study(
 
     **Arguments:**
 
-    - `equation`: the model's `TransformerIDE` (from `itde.from_hf(...).equation`,
-      `itde.from_torch`, or a trained model's `ide`). A post-norm model whose norms have
-      gains is studied through its continuum form (exact at the network's step).
+    - `equation`: the model's `TransformerIDE` (from `itde.from_torch`, a trained model's
+      `ide`, or `itde.from_hf(model).continuum_form().equation`). A post-norm model whose
+      norms have gains is studied through its continuum form (exact at the network's step).
     - `u0`: the model's initial states, `[batch, tokens, features]` (its embeddings of real
-      inputs).
+      inputs). For a Hugging Face post-norm model take them from
+      `m.continuum_form().embed`: its embedding LayerNorm's gain then goes into the first
+      layer and the initial state lies on the constraint set. With `m.embed` the gain
+      stays in the initial state, which the first refined step projects away: the network
+      is the same, its limit another one (the real MiniLM of the gallery is 0.70 from
+      that limit, 0.77 from the continuum form's).
     - `mask`: `[batch, tokens]` key mask (False on padding), or None.
     - `readout`: the model's output from the equation's output `[batch, tokens, features]`
       (after its readout and final norm) and `mask`: e.g. pooled sentence embeddings or
