@@ -3,6 +3,7 @@ r"""Controls $\theta(t)$: the per-depth parameters of the equation."""
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from typing import ClassVar
 
@@ -168,21 +169,46 @@ def stack(blocks: list[AbstractBlock]) -> AbstractBlock:
     blocks = list(blocks)
     if not blocks:
         raise ValueError("`stack(blocks)` needs at least one block (layer or mode), got none.")
-    structures = {jax.tree_util.tree_structure(b) for b in blocks}
-    if len(structures) != 1:
-        raise ValueError(
-            "every layer must have the same structure (activation, eps, which biases exist) "
-            "to be stacked into piecewise-constant controls."
-        )
-    shapes = [[a.shape for a in jax.tree.leaves(b)] for b in blocks]
-    for n, s in enumerate(shapes[1:], start=1):
-        if s != shapes[0]:
+    for n, b in enumerate(blocks[1:], start=1):
+        where = _first_difference(blocks[0], b)
+        if where is not None:
             raise ValueError(
-                f"`stack(blocks)`: block {n} has parameter shapes {s} but block 0 has "
-                f"{shapes[0]}; every layer needs the same widths (n_features, n_heads, "
-                "n_hidden)."
+                f"`stack(blocks)`: layer {n} differs from layer 0 at {where}; every layer "
+                "needs the same widths (n_features, n_heads, n_hidden), options (activation, "
+                "eps) and the same biases to be stacked into per-layer controls."
             )
     return _stack_leaves(blocks)
+
+
+def _first_difference(a, b, path: str = "") -> str | None:
+    """Where two blocks first differ in structure, a static option or an array's shape,
+    as `field.subfield (this vs that)`; None when they stack."""
+    name = path or "the block"
+    if (a is None) != (b is None):
+        return f"`{name}` ({'None' if a is None else 'set'} vs {'None' if b is None else 'set'})"
+    if type(a) is not type(b) and not (hasattr(a, "shape") and hasattr(b, "shape")):
+        return f"`{name}` ({type(a).__name__} vs {type(b).__name__})"
+    if a is None:
+        return None
+    if hasattr(a, "shape") and hasattr(b, "shape"):
+        return None if a.shape == b.shape else f"`{name}` (shape {a.shape} vs {b.shape})"
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            sub = _first_difference(
+                getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}".lstrip(".")
+            )
+            if sub is not None:
+                return sub
+        return None
+    if isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            return f"`{name}` (length {len(a)} vs {len(b)})"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            sub = _first_difference(x, y, f"{path}[{i}]")
+            if sub is not None:
+                return sub
+        return None
+    return None if a == b else f"`{name}` ({a!r} vs {b!r})"
 
 
 @eqx.filter_jit

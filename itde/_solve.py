@@ -335,6 +335,16 @@ def _check_arguments(
             raise TypeError(
                 f"`{name}`={value!r} must be a diffrax.{cls.__name__}, e.g. `{example}`."
             )
+    if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController) and not (
+        isinstance(solver, diffrax.AbstractAdaptiveSolver)
+    ):
+        raise ValueError(
+            f"`stepsize_controller`={type(stepsize_controller).__name__} adapts the step to the "
+            f"solver's error estimate, but `solver`={type(solver).__name__} makes none. Use a "
+            "solver with an embedded estimate (e.g. itde_solvers.Projected(diffrax.Tsit5())), "
+            f"wrap this one in diffrax.HalfSolver({type(solver).__name__}()), or take fixed "
+            "steps (a `dt0` and no controller)."
+        )
     _check_save_times(saveat, t0, t1)
     return t0, t1, dt0, max_steps, batched
 

@@ -156,8 +156,16 @@ def test_constructor_arguments_found_by_an_adversarial_run():
         itde.PiecewiseConstant(None)
     a = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=16)
     b = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=8)
-    with pytest.raises(ValueError, match=r"block 1 has parameter shapes"):
+    with pytest.raises(ValueError, match=r"layer 1 differs from layer 0 at `feedforward.w1` "
+                       r"\(shape \(8, 16\) vs \(8, 8\)\)"):
         itde.stack([a, b])
+    c = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=16, activation="gelu")
+    with pytest.raises(ValueError, match=r"layer 2 .* `feedforward.activation` \('relu' vs "
+                       r"'gelu'\)"):
+        itde.stack([a, a, c])
+    d = itde.Block.init(KEY, n_features=8, n_heads=2, n_hidden=16, bias=False)
+    with pytest.raises(ValueError, match=r"`attention.bq` \(set vs None\)"):
+        itde.stack([a, d])
     with pytest.raises(TypeError, match=r"needs a callable"):
         import itde_solvers
 

@@ -60,11 +60,11 @@ def reference(encoder):
 # errors stay far above the reference's 1e-13
 SOLVERS = [
     (diffrax.Heun(), 2, (1 / 4, 1 / 8, 1 / 16)),
-    (diffrax.Midpoint(), 2, (1 / 4, 1 / 8, 1 / 16)),
-    (diffrax.Bosh3(), 3, (1 / 16, 1 / 32, 1 / 64)),
+    pytest.param(diffrax.Midpoint(), 2, (1 / 4, 1 / 8, 1 / 16), marks=pytest.mark.slow),
+    pytest.param(diffrax.Bosh3(), 3, (1 / 16, 1 / 32, 1 / 64), marks=pytest.mark.slow),
     (S.RK4(), 4, (1 / 4, 1 / 8, 1 / 16)),
     (diffrax.Tsit5(), 5, (1 / 4, 1 / 8, 1 / 16)),
-    (diffrax.Dopri5(), 5, (1 / 4, 1 / 8, 1 / 16)),
+    pytest.param(diffrax.Dopri5(), 5, (1 / 4, 1 / 8, 1 / 16), marks=pytest.mark.slow),
     (S.Strang(), 2, (1 / 4, 1 / 8, 1 / 16)),
 ]
 

@@ -29,7 +29,7 @@ from .._operators._rope import Rope
 from .._quadrature._rules import Grid
 from .._roles import kernel
 from ._positions import AbsolutePositions, AbstractPositions, NoPositions, RobertaPositions
-from ._torch import _np
+from ._torch import _np, check_x64
 
 # Hugging Face activation names (`config.hidden_act`, `activation_function`, `activation`)
 # and the `itde.ACTIVATIONS` entry computing the same function.
@@ -570,4 +570,5 @@ def from_hf(model: Any) -> HFTransformer:
     its value; a model class not listed above raises `TypeError` naming it.
     """
     name = _family(model)
+    check_x64(model, "model")
     return CONVERTERS[name](model, name)

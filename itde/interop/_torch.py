@@ -39,6 +39,22 @@ def _np(t) -> np.ndarray | None:
     return t.numpy()
 
 
+def check_x64(module, what: str) -> None:
+    """A float64 module converted while JAX's float64 is off would silently become float32
+    (every `jnp.asarray` of a float64 array is cast): refuse it, naming the switch."""
+    import jax
+
+    params = getattr(module, "parameters", None)
+    if params is None or jax.config.jax_enable_x64:
+        return
+    if any(p.dtype == _torch().float64 for p in params()):
+        raise ValueError(
+            f"`{what}` has float64 parameters, but JAX's float64 is off: the converted model "
+            "would silently be float32. Enable it first, `jax.config.update("
+            '"jax_enable_x64", True)`, or convert a float32 model (`model.float()`).'
+        )
+
+
 def _torch_dtype(dtype):
     torch = _torch()
     table = {
@@ -168,6 +184,7 @@ def from_torch(module: Any, *, causal: bool = False, relaxation: bool = False) -
         )
     check_bool("causal", causal)
     check_bool("relaxation", relaxation)
+    check_x64(module, "module")
     firsts = {bool(getattr(layer, "norm_first", False)) for layer in layers}
     if len(firsts) != 1:
         raise ValueError(

@@ -1,0 +1,62 @@
+"""Edges of the API named by the bad-input issue: each a clear error naming the argument
+and the fix instead of a silent wrong answer or a message from deep inside diffrax."""
+
+import subprocess
+import sys
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import pytest
+
+import itde
+import itde_solvers as S
+
+
+def test_adaptive_controller_with_a_solver_without_an_error_estimate():
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2)
+    x = jax.random.normal(jax.random.key(1), (4, 8))
+    pid = diffrax.PIDController(rtol=1e-4, atol=1e-4)
+    for solver in (S.LieTrotter(), S.Strang(), S.Projected(diffrax.Euler())):
+        with pytest.raises(ValueError, match=r"`stepsize_controller`=PIDController .* makes "
+                           r"none.*HalfSolver"):  # fmt: skip
+            itde.solve(m, x, solver=solver, stepsize_controller=pid)
+    # an estimate, through a wrapper: accepted
+    half = diffrax.HalfSolver(S.LieTrotter())
+    itde.solve(m, x, solver=half, terms="paper", stepsize_controller=pid, dt0=0.5)
+
+
+SCRIPT = """
+import torch, transformers, itde
+torch.manual_seed(0)
+config = transformers.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=8)
+model = transformers.BertModel(config, add_pooling_layer=False).double().eval()
+for convert in (lambda: itde.from_hf(model),
+                lambda: itde.from_torch(torch.nn.TransformerEncoderLayer(
+                    8, 2, 8, batch_first=True, dtype=torch.float64))):
+    try:
+        convert()
+        print("converted")
+    except ValueError as e:
+        print("refused:", e)
+"""
+
+
+def test_float64_models_are_refused_without_jax_x64():
+    """The suite runs with x64 on (conftest), so the check runs in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
+        env={"JAX_ENABLE_X64": "0", "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    lines = [line for line in out.stdout.splitlines() if line]
+    assert len(lines) == 2, out.stdout + out.stderr
+    for line, name in zip(lines, ("`model`", "`module`"), strict=True):
+        assert line.startswith("refused:") and name in line and "jax_enable_x64" in line, line
+
+
+def test_float64_models_convert_with_x64():
+    import torch
+
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 8, batch_first=True, dtype=torch.float64)
+    assert itde.from_torch(layer).controls.blocks.attention.wq.dtype == jnp.float64
