@@ -272,7 +272,7 @@ def _add_converge(sub) -> None:
     p.add_argument("--inputs", type=int, default=8, metavar="N", help="--checkpoint/--hf: "
                    "how many inputs (default %(default)s)")
     p.add_argument("--steps", type=int, nargs="+", metavar="N", help="--checkpoint/--hf: "
-                   "steps per layer (default 1 2 4 8 16)")
+                   "steps per layer (default 1 2 4 8 16 32)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_converge)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from .._io import check_output_dir
 
 #: The steps per layer of the study (`--steps` overrides).
-DEFAULT_STEPS = (1, 2, 4, 8, 16)
+DEFAULT_STEPS = (1, 2, 4, 8, 16, 32)
 
 
 def _sentences(path: str | None, n: int) -> list[str]:

@@ -83,7 +83,7 @@ def model_depth_study(
     steps: Sequence[int] = (1, 2, 4, 8, 16),
     network: tuple[str, float | None] = ("lie", None),
     reference_refinement: int = 4,
-    asymptotic: int | None = 3,
+    asymptotic: int | None = 2,
     keep_outputs: bool = False,
     progress: bool = True,
 ) -> dict:
@@ -112,7 +112,8 @@ def model_depth_study(
     - `reference_refinement`: the Dopri8 reference takes steps this many times finer than
       the finest studied one (its own error, against half as many steps, is reported).
     - `asymptotic`: the observed order is fitted to this many of the finest steps (None:
-      all); coarse steps of a real network are far from the asymptotic range.
+      all; default: the finest pair); coarse steps of a real network are far from the
+      asymptotic range.
     - `keep_outputs`: add `"outputs"`, the readouts of the network and of the reference
       (NumPy arrays; not JSON).
 
