@@ -239,14 +239,18 @@ class SolveExperiment:
     def __post_init__(self):
         from ._quadrature._rules import RULES
 
-        rule = RULES[self.grid.tokens](interval=self.grid.token_interval)
-        try:
-            rule.nodes_weights(self.solve.n_tokens)
-        except ValueError as e:
-            raise ConfigError(
-                f"`solve.n_tokens`={self.solve.n_tokens} does not fit `grid.tokens`="
-                f"{self.grid.tokens!r}: {e}"
-            ) from None
+        for count, n, axis, interval in (
+            ("solve.n_tokens", self.solve.n_tokens, "tokens", self.grid.token_interval),
+            ("model.n_features", self.model.n_features, "features", self.grid.feature_interval),
+        ):
+            rule = RULES[getattr(self.grid, axis)](interval=interval)
+            try:
+                rule.nodes_weights(n)
+            except ValueError as e:
+                raise ConfigError(
+                    f"`{count}`={n} does not fit `grid.{axis}`={getattr(self.grid, axis)!r}: "
+                    f"{e} Change one of the two keys."
+                ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +273,11 @@ class ProblemConfig:
 
         for name in ("n_tokens", "n_features", "n_heads", "n_hidden", "n_modes", "t1"):
             positive(f"problem.{name}", getattr(self, name))
+        if not (math.isfinite(self.amplitude) and self.amplitude >= 0):
+            raise ConfigError(
+                f"`problem.amplitude` must be a finite number >= 0 (the size of the controls' "
+                f"higher Legendre modes, e.g. 0.3), got {self.amplitude!r}"
+            )
         choices("problem.activation", self.activation, ACTIVATIONS)
         seed("problem.seed", self.seed)
         if self.n_features % self.n_heads:

@@ -60,3 +60,14 @@ def test_float64_models_convert_with_x64():
 
     layer = torch.nn.TransformerEncoderLayer(8, 2, 8, batch_first=True, dtype=torch.float64)
     assert itde.from_torch(layer).controls.blocks.attention.wq.dtype == jnp.float64
+
+
+def test_config_keys_that_do_not_fit_are_named(tmp_path):
+    from itde._config import ConfigError, ConvergeExperiment, SolveExperiment, from_dict
+
+    with pytest.raises(ConfigError, match=r"`model.n_features`=32 does not fit "
+                       r"`grid.features`='simpson'.*n=33"):  # fmt: skip
+        from_dict(SolveExperiment, {"model": {"n_features": 32}, "grid": {"features": "simpson"}})
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ConfigError, match=r"`problem.amplitude` must be a finite number"):
+            from_dict(ConvergeExperiment, {"problem": {"amplitude": bad}})

@@ -165,7 +165,8 @@ def test_checkpoint_of_another_data_stream_is_refused(trained, tmp_path):
 
 def test_training_into_a_checkpointed_directory_is_refused(trained):
     cfg, out = trained
-    with pytest.raises(CheckpointError, match=r"already holds a checkpoint.*--resume"):
+    with pytest.raises(CheckpointError, match=r"already holds a checkpoint.*--resume .*"
+                       r"itde.train.train\(resume=.*`overwrite=True`"):
         train(cfg, out=out)
 
 

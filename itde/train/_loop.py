@@ -284,8 +284,9 @@ def _refuse_existing(out: Path) -> None:
     if (out / ckpt.SIDECAR).is_file():
         raise ckpt.CheckpointError(
             f"{str(out)!r} already holds a checkpoint (step "
-            f"{ckpt.read_meta(out)['step']}); continue it with --resume {out}, write "
-            "elsewhere with --out, or replace it with --overwrite"
+            f"{ckpt.read_meta(out)['step']}); continue it (`itde train --resume {out}`, or "
+            f"`itde.train.train(resume={str(out)!r})`), write elsewhere (`--out` / `out=`), "
+            "or replace it (`--overwrite` / `overwrite=True`)"
         )
 
 
