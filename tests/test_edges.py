@@ -71,3 +71,19 @@ def test_config_keys_that_do_not_fit_are_named(tmp_path):
     for bad in (float("nan"), float("inf"), -0.1):
         with pytest.raises(ConfigError, match=r"`problem.amplitude` must be a finite number"):
             from_dict(ConvergeExperiment, {"problem": {"amplitude": bad}})
+
+
+def test_roberta_length_limit_names_the_right_numbers():
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.RobertaConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1,
+                              num_attention_heads=2, intermediate_size=8,
+                              max_position_embeddings=16, pad_token_id=1)  # fmt: skip
+    m = itde.from_hf(tf.RobertaModel(config, add_pooling_layer=False).double().eval())
+    assert m.max_tokens == 14
+    m(jnp.full((14,), 5))  # the longest sequence it takes
+    with pytest.raises(ValueError, match=r"15 tokens, more than the 14 this RobertaModel takes "
+                       r"\(config.max_position_embeddings = 16, 2 of whose rows are reserved"):
+        m(jnp.full((15,), 5))

@@ -133,9 +133,17 @@ class HFTransformer(eqx.Module):
         ids = _ids("input_ids", input_ids, self.word_embeddings.shape[0])
         n = ids.shape[0]
         if self.max_tokens is not None and n > self.max_tokens:
+            rows = self.position_embeddings.shape[0]  # type: ignore[union-attr]
+            reserved = (
+                ""
+                if rows == self.max_tokens
+                else f", {rows - self.max_tokens} of whose rows are reserved: positions count "
+                "from padding_idx + 1"
+            )
             raise ValueError(
-                f"`input_ids` has {n} tokens, more than the {self.max_tokens} positions of this "
-                f"{self.source or 'model'} (config.max_position_embeddings); split the sequence."
+                f"`input_ids` has {n} tokens, more than the {self.max_tokens} this "
+                f"{self.source or 'model'} takes (config.max_position_embeddings = {rows}"
+                f"{reserved}); split the sequence."
             )
         u = self.word_embeddings[ids]
         if self.token_type_embeddings is not None:
