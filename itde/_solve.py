@@ -174,7 +174,7 @@ def solve(
         elif isinstance(adjoint, diffrax.ForwardMode):
             solver = solver.with_scan_kind("lax")
     kind = terms_kind(solver) if terms is None else terms
-    terms, u0 = _choose_terms(model, u0, solver, terms, batched, t0)
+    terms, u0 = _choose_terms(model, u0, kind, batched, t0)
     tdtype = _time_dtype(u0)
     controller, first_dt, steps, checkpoints, u0 = _step_grid(
         model.controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype
@@ -369,11 +369,9 @@ def _check_save_times(saveat, t0: float, t1: float) -> None:
             )
 
 
-def _choose_terms(model, u0, solver, terms, batched, t0):
-    """The terms to integrate (a kind, by default the solver's `terms_kind`, or the
-    user's `SplitTerm`), and the initial state they start from."""
-    if terms is None:
-        terms = terms_kind(solver)
+def _choose_terms(model, u0, terms, batched, t0):
+    """The terms to integrate (a kind, or the user's `SplitTerm`), and the initial state
+    they start from."""
     if isinstance(terms, str):
         if terms not in TERMS_KINDS:
             raise ValueError(f"`terms`={terms!r} is not known; choose one of {list(TERMS_KINDS)}.")

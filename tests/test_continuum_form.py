@@ -25,6 +25,14 @@ def _rates(errors):
     return np.log2(e[:-1] / e[1:])
 
 
+def _errors(model, u0, solver, steps, ref):
+    """Max errors of the final state against `ref` at each depth step."""
+    return [
+        float(jnp.max(jnp.abs(itde.solve(model, u0, solver=solver, dt0=h).ys[-1] - ref)))
+        for h in steps
+    ]
+
+
 def _encoder(eps, seed=0, layers=3, norm_first=False):
     torch.manual_seed(seed)
     layer = torch.nn.TransformerEncoderLayer(
@@ -95,11 +103,7 @@ def test_post_norm_rms_model_is_exact_in_continuum_form():
     assert cf.readout.shift is None and cf.controls.blocks.affine1.shift is None
     assert float(jnp.max(jnp.abs(cf(x) - m(x)))) < 1e-12
     ref = itde.solve(cf, x, solver=S.Projected(diffrax.Tsit5()), dt0=1 / 64).ys[-1]
-    errors = [
-        float(jnp.max(jnp.abs(itde.solve(cf, x, solver=S.Projected(S.RK4()), dt0=h).ys[-1]
-                              - ref)))
-        for h in (1 / 4, 1 / 8, 1 / 16)
-    ]  # fmt: skip
+    errors = _errors(cf, x, S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16), ref)
     assert np.all(_rates(errors) > 3.6), errors
 
 
@@ -121,15 +125,9 @@ def test_continuum_form_converges_at_the_solvers_orders(eps):
     u0 = jnp.asarray(x)
     ref = itde.solve(cf, u0, solver=S.Projected(diffrax.Tsit5()), dt0=1 / 64).ys[-1]
 
-    def errors(solver, steps):
-        return [
-            float(jnp.max(jnp.abs(itde.solve(cf, u0, solver=solver, dt0=h).ys[-1] - ref)))
-            for h in steps
-        ]
-
-    strang = errors(S.Strang(), (1 / 8, 1 / 16, 1 / 32))
-    rk4 = errors(S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16))
-    lie = errors(S.LieTrotter(), (1 / 8, 1 / 16, 1 / 32))
+    strang = _errors(cf, u0, S.Strang(), (1 / 8, 1 / 16, 1 / 32), ref)
+    rk4 = _errors(cf, u0, S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16), ref)
+    lie = _errors(cf, u0, S.LieTrotter(), (1 / 8, 1 / 16, 1 / 32), ref)
     assert np.all(_rates(strang) > 1.8), strang
     assert np.all(_rates(rk4) > 3.6), rk4
     # the network's own scheme refined (regularised projections, from the raw input)
@@ -272,15 +270,8 @@ def test_regularised_projections_converge_to_the_flow_on_their_moving_fixed_set(
     m = itde.TransformerIDE(controls, itde.Grid.unit(8))
     u0 = m.project(0.0, jax.random.normal(jax.random.key(5), (5, 8), jnp.float64))
     ref = itde.solve(m, u0, solver=S.Projected(S.RK4()), dt0=1 / 64).ys[-1]
-    lie = [
-        float(jnp.max(jnp.abs(itde.solve(m, u0, dt0=h).ys[-1] - ref)))
-        for h in (1 / 16, 1 / 32, 1 / 64)
-    ]
+    lie = _errors(m, u0, S.LieTrotter(), (1 / 16, 1 / 32, 1 / 64), ref)
     assert np.all((_rates(lie) > 0.8) & (_rates(lie) < 1.3)), lie
     # and projected RK4 keeps its order: the drift of the set is the fixed set's
-    rk4 = [
-        float(jnp.max(jnp.abs(itde.solve(m, u0, solver=S.Projected(S.RK4()), dt0=h).ys[-1]
-                              - ref)))
-        for h in (1 / 4, 1 / 8, 1 / 16)
-    ]  # fmt: skip
+    rk4 = _errors(m, u0, S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16), ref)
     assert np.all(_rates(rk4) > 3.4), rk4

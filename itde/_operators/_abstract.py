@@ -14,6 +14,7 @@ import abc
 from typing import TYPE_CHECKING
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -153,6 +154,17 @@ class AbstractNorm(eqx.Module):
         of the continuum: Lie steps with the regularised map converge, as the step goes
         to 0, to the flow on it (each application contracts the distance to it by a
         factor of order $\varepsilon$)."""
+
+    def _fixed_scale(self, sigma: Array) -> Array:
+        r"""$\sqrt{\sigma^2 - \varepsilon}$, the scale of the fixed points of a regularised
+        norm of scale $\sigma$ (a `ValueError` when $\sigma^2 \le \varepsilon$: none)."""
+        if not isinstance(sigma, jax.core.Tracer) and np.any(np.asarray(sigma) ** 2 <= self.eps):
+            raise ValueError(
+                f"`eps`={self.eps} is not below the set's squared scale "
+                f"{np.asarray(sigma) ** 2}: the map has no fixed points (every output lies "
+                "strictly inside the set)."
+            )
+        return jnp.sqrt(sigma * sigma - self.eps)
 
     def _refuse_affine(self, what: str) -> None:
         if self.gain is not None or self.shift is not None:

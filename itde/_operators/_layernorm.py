@@ -150,13 +150,7 @@ class LayerNormProjection(AbstractNorm):
         self._refuse_affine("the continuum constraint set")
         if self.eps == 0.0:
             return self
-        s2 = self.sigma2
-        if not isinstance(s2, jax.core.Tracer) and np.any(np.asarray(s2) ** 2 <= self.eps):
-            raise ValueError(
-                f"`eps`={self.eps} is not below sigma2**2 = {np.asarray(s2) ** 2}: the map "
-                "has no fixed points (every output lies strictly inside the set)."
-            )
-        return type(self)(self.sigma1, jnp.sqrt(s2 * s2 - self.eps), None, None, 0.0)
+        return type(self)(self.sigma1, self._fixed_scale(self.sigma2), None, None, 0.0)
 
     def tangent(self, u, w, feature_weights=None):
         r"""$P_T(z)\,w = w - \overline{w} - \overline{w z}\,z$ with

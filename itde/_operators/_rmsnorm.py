@@ -100,13 +100,7 @@ class RMSNormProjection(AbstractNorm):
         self._refuse_affine("the continuum constraint set")
         if self.eps == 0.0:
             return self
-        s = self.sigma
-        if not isinstance(s, jax.core.Tracer) and np.any(np.asarray(s) ** 2 <= self.eps):
-            raise ValueError(
-                f"`eps`={self.eps} is not below sigma**2 = {np.asarray(s) ** 2}: the map has "
-                "no fixed points (every output lies strictly inside the sphere)."
-            )
-        return type(self)(jnp.sqrt(s * s - self.eps), None, 0.0)
+        return type(self)(self._fixed_scale(self.sigma), None, 0.0)
 
     def tangent(self, u, w, feature_weights=None):
         r"""$w - \overline{w z}\,z$ with $z = u/\sigma$: the tangent space of the sphere."""
