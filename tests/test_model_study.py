@@ -64,6 +64,14 @@ def test_study_refuses_bad_arguments():
         model_depth_study(m, u0, schemes=("rk5",), progress=False)
     with pytest.raises(ValueError, match="at least two"):
         model_depth_study(m, u0, steps=(4,), progress=False)
+    with pytest.raises(ValueError, match="must be positive integers"):
+        model_depth_study(m, u0, steps=(0, 2), progress=False)
+    for bad in (0, 1, 2.5):
+        with pytest.raises(ValueError, match=r"`reference_refinement`=.* must be an integer >= 2"):
+            model_depth_study(m, u0, reference_refinement=bad, progress=False)
+    for bad in (1, 6, 2.0):
+        with pytest.raises(ValueError, match=r"`asymptotic`=.* must be None .* from 2 to the 5"):
+            model_depth_study(m, u0, asymptotic=bad, progress=False)
     with pytest.raises(TypeError, match="TransformerIDE"):
         model_depth_study(object(), u0, progress=False)
 
@@ -112,6 +120,8 @@ def test_cli_studies_a_trained_checkpoint(tmp_path, capsys):
     assert (out / "convergence_model.png").stat().st_size > 0
     assert main(["converge", "--checkpoint", str(run), "--axis", "depth"]) == 2
     assert "--axis" in capsys.readouterr().err
+    assert main(["converge", "--checkpoint", str(run), "--inputs", "0"]) == 2
+    assert "`--inputs`=0 must be a positive number" in capsys.readouterr().err
 
 
 def _hf_dir(tmp_path):

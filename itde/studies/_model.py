@@ -39,7 +39,7 @@ def _relative(q, ref) -> float:
     return float(np.linalg.norm(q - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
-def _check(equation, u0, schemes, steps, network) -> None:
+def _check(equation, u0, schemes, steps, network, refinement, asymptotic) -> None:
     if not isinstance(equation, TransformerIDE):
         raise TypeError(
             f"`equation` must be an itde.TransformerIDE, got {type(equation).__name__}."
@@ -59,6 +59,19 @@ def _check(equation, u0, schemes, steps, network) -> None:
         )
     if len(steps) < 2:
         raise ValueError(f"`steps`={tuple(steps)!r}: an order needs at least two steps.")
+    if isinstance(refinement, bool) or not isinstance(refinement, int) or refinement < 2:
+        raise ValueError(
+            f"`reference_refinement`={refinement!r} must be an integer >= 2: the reference "
+            "takes steps that many times finer than the finest studied one (e.g. 4)."
+        )
+    if asymptotic is not None and (
+        isinstance(asymptotic, bool) or not isinstance(asymptotic, int)
+        or not 2 <= asymptotic <= len(steps)
+    ):  # fmt: skip
+        raise ValueError(
+            f"`asymptotic`={asymptotic!r} must be None (fit every step) or an integer from 2 "
+            f"to the {len(steps)} steps: how many of the finest steps the order is fitted to."
+        )
 
 
 @eqx.filter_jit
@@ -125,7 +138,7 @@ def model_depth_study(
     from tqdm.auto import tqdm
 
     schemes, steps = tuple(schemes), tuple(steps)
-    _check(equation, u0, schemes, steps, network)
+    _check(equation, u0, schemes, steps, network, reference_refinement, asymptotic)
     t_start = time.perf_counter()
     form = equation.continuum_form()
     h0 = (
