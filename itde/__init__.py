@@ -140,8 +140,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         LegendreBasis,
     )
     from .interop._hf import (  # noqa: F401
-        HFTransformer,
         from_hf,
+        to_hf,
+    )
+    from .interop._hf_model import (  # noqa: F401
+        HFTransformer,
     )
     from .interop._torch import (  # noqa: F401
         from_torch,
@@ -212,8 +215,9 @@ _EXPORTS = {
     "GatedFeedForward": "._operators._feedforward",
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
-    "HFTransformer": ".interop._hf",
+    "HFTransformer": ".interop._hf_model",
     "from_hf": ".interop._hf",
+    "to_hf": ".interop._hf",
     "AbstractScoreBias": "._operators._bias",
     "ALiBi": "._operators._bias",
     "DiscreteBias": "._operators._bias",
@@ -314,6 +318,7 @@ __all__ = [
     "Rope",
     "HFTransformer",
     "from_hf",
+    "to_hf",
     "AbstractScoreBias",
     "ALiBi",
     "DiscreteBias",

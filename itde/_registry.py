@@ -15,7 +15,7 @@ re-exported here, so this is the one place to look them up:
 - `TERMS_KINDS` (`itde._solve`): the kinds of terms an equation gives a solver.
 
 Two registries live outside the core, because the core never imports what is above it:
-the Hugging Face families (`itde.interop.CONVERTERS`) and the training tasks
+the Hugging Face families (`itde.interop.HF_FAMILIES`) and the training tasks
 (`itde.train.TASKS`).
 """
 

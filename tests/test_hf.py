@@ -10,13 +10,15 @@ three paddings of a family and dtype in one jitted, vmapped call (the mask is da
 one Hugging Face model serves both attention implementations (switched in place).
 """
 
+import dataclasses
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers as tf
-from transformers.models.llama import modeling_llama
 
 import itde
 
@@ -178,7 +180,7 @@ def test_bert_token_types_equal_hugging_face():
     assert np.max(np.abs(untyped[real] - ref[real])) > 1e-3  # the segments matter
 
 
-def test_float64_llama(monkeypatch):
+def test_float64_llama():
     """Llama in float64, against Hugging Face's Llama computed in float64 throughout.
 
     Hugging Face's Llama computes three things in float32 even for a float64 model: the
@@ -186,33 +188,25 @@ def test_float64_llama(monkeypatch):
     and, with eager attention, the softmax (`softmax(..., dtype=torch.float32)`). Each
     costs float32 round-off (~1e-7), which a float64 comparison at 1e-10 would read as a
     difference of the models; torch's float32 cos also differs from XLA's by 1 ulp in ~5% of
-    entries. itde computes all three in the state's dtype. This test replaces the three by
-    the same formulas in the model's dtype, so both sides are the same model in float64;
-    `test_float32` keeps Hugging Face's code unpatched.
+    entries. `itde.interop.hf_float64()` computes all three in float64, so both sides are
+    the same model in float64; `test_float32` keeps Hugging Face's code unpatched.
     """
+    with itde.interop.hf_float64():
+        _check("llama", torch.float64)
 
-    def rotary(self, x, position_ids):
-        freqs = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.dtype)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
 
-    def rms_norm(self, h):
-        var = h.pow(2).mean(-1, keepdim=True)
-        return self.weight * (h * torch.rsqrt(var + self.variance_epsilon))
-
-    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        k = modeling_llama.repeat_kv(key, module.num_key_value_groups)
-        v = modeling_llama.repeat_kv(value, module.num_key_value_groups)
-        w = torch.matmul(query, k.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            w = w + attention_mask
-        w = torch.nn.functional.softmax(w, dim=-1)
-        return torch.matmul(w, v).transpose(1, 2).contiguous(), w
-
-    monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm)
-    monkeypatch.setattr(modeling_llama, "eager_attention_forward", eager)
-    _check("llama", torch.float64)
+def test_hf_float64_patches_and_restores():
+    """Inside the block Llama's float64 forward moves (its float32 steps are gone); after
+    it, Hugging Face's own code is back (the float32 steps return, bit for bit)."""
+    model = _model("llama", torch.float64)
+    ids = torch.as_tensor(_ids("llama")[:1])
+    with torch.no_grad():
+        before = model(ids).last_hidden_state
+        with itde.interop.hf_float64():
+            inside = model(ids).last_hidden_state
+        after = model(ids).last_hidden_state
+    assert torch.equal(before, after)
+    assert 1e-12 < float((before - inside).abs().max()) < 1e-4
 
 
 # ---------------------------------------------------------------- bad input: named errors
@@ -268,8 +262,11 @@ def test_bad_inputs_name_the_argument():
         m(ids, attention_mask=jnp.ones(N))
     with pytest.raises(ValueError, match=r"`input_ids`.*\[0, 50\).*50"):
         m(ids.at[2].set(VOCAB))
-    with pytest.raises(ValueError, match=r"20 tokens, more than the 16 .*"
-                       r"max_position_embeddings = 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"20 tokens, more than the 16 .*"
+        r"max_position_embeddings = 16\)",
+    ):
         m(jnp.arange(20) % VOCAB)
     with pytest.raises(TypeError, match=r"`input_ids` is a torch tensor"):
         m(torch.arange(N))
@@ -279,3 +276,70 @@ def test_bad_inputs_name_the_argument():
         m(ids, token_type_ids=jnp.zeros(N, int))
     with pytest.raises(ValueError, match=r"`input_ids` is empty"):
         m(jnp.zeros((0,), int))
+
+
+# ---------------------------------------------------------------- back to Hugging Face
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "gpt2", "llama"])
+def test_to_hf_round_trip(family, tmp_path):
+    """`to_hf(from_hf(model))` has exactly `model`'s state; a model changed in itde goes
+    back with its change (its Hugging Face forward equals the itde forward), and survives
+    `save_pretrained` / `from_pretrained` bit for bit."""
+    model = _model(family, torch.float64)
+    m = itde.from_hf(model)
+    back = itde.to_hf(m)
+    assert type(back) is type(model)
+    ours, theirs = back.state_dict(), model.state_dict()
+    for k, v in theirs.items():
+        if k in ours:
+            assert torch.equal(ours[k], v), k
+    assert set(ours) <= set(theirs) and len(ours) >= len(theirs) - 2, set(theirs) - set(ours)
+
+    # change every layer's attention value weights in itde, then write back
+    layers = m.equation.controls.values
+    changed = eqx.tree_at(
+        lambda m: m.equation.controls.values.attention.wv, m, layers.attention.wv * 1.5
+    )
+    hf = itde.to_hf(changed)
+    ids = _ids(family)[:1]
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = hf(torch.as_tensor(ids)).last_hidden_state[0].numpy()
+        old = model(torch.as_tensor(ids)).last_hidden_state[0].numpy()
+    out = np.asarray(changed(jnp.asarray(ids[0])))
+    assert np.max(np.abs(out - ref)) <= 1e-10 * np.max(np.abs(ref))
+    assert np.max(np.abs(old - ref)) > 1e-3  # the change reached Hugging Face
+
+    hf.save_pretrained(tmp_path)
+    loaded = type(hf).from_pretrained(tmp_path, dtype=torch.float64).eval()
+    for k, v in hf.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_to_hf_refuses_what_has_no_module():
+    m = itde.from_hf(_model("bert", torch.float64))
+    with pytest.raises(ValueError, match=r"to_hf.*feature affines.*continuum form"):
+        itde.to_hf(m.continuum_form())
+    with pytest.raises(ValueError, match=r"no Hugging Face family and config"):
+        itde.to_hf(dataclasses.replace(m, family=None))
+    with pytest.raises(TypeError, match=r"`m` must be an itde.HFTransformer"):
+        itde.to_hf(m.equation)
+
+
+def test_no_family_converts_another_familys_model():
+    """The traps of routing one family through another's converter fail loudly: a Gemma
+    model handed to the Llama converter (its norm gain 1 + w and embedding scale would be
+    lost: 0.94 off), and a Llama config carrying Mistral's `sliding_window` (the window
+    would be ignored)."""
+    from itde.interop._hf_llama import LlamaFamily
+
+    gemma = tf.GemmaModel(tf.GemmaConfig(
+        vocab_size=VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=4, intermediate_size=12,
+    ))  # fmt: skip
+    with pytest.raises(TypeError, match=r"GemmaModel.*LlamaFamily.*converts LlamaModel"):
+        LlamaFamily().check(gemma, "GemmaModel")
+    cls, config, _ = _config("llama")
+    config.sliding_window = 4
+    with pytest.raises(ValueError, match=r"`config\.sliding_window`=4 is not a field LlamaFamily"):
+        itde.from_hf(cls(config))
+    config.sliding_window = None  # a field switched off is no trap
+    itde.from_hf(cls(config))

@@ -1,6 +1,17 @@
 """Conversion between PyTorch / Hugging Face Transformer modules and `itde` models."""
 
-from ._hf import HFTransformer, from_hf
+from ._hf import HF_FAMILIES, from_hf, hf_float64, to_hf
+from ._hf_family import AbstractHFFamily
+from ._hf_model import HFTransformer
 from ._torch import from_torch, to_torch
 
-__all__ = ["HFTransformer", "from_hf", "from_torch", "to_torch"]
+__all__ = [
+    "HF_FAMILIES",
+    "AbstractHFFamily",
+    "HFTransformer",
+    "from_hf",
+    "from_torch",
+    "hf_float64",
+    "to_hf",
+    "to_torch",
+]

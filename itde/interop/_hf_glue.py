@@ -1,0 +1,271 @@
+r"""The weight glue shared by the Hugging Face converters: `nn.Linear` and friends read
+into the equation's per-head parameters, and written back.
+
+Every function here is exact (a reshape or transpose); no family logic lives here.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from .._controls import Block, PiecewiseConstant, stack
+from .._equation import TransformerIDE
+from .._operators._attention import Attention
+from .._operators._feedforward import FeedForward, GatedFeedForward
+from .._operators._layernorm import LayerNormProjection
+from .._operators._rmsnorm import RMSNormProjection
+from .._quadrature._rules import Grid
+from ._torch import _np, _torch
+
+# Hugging Face activation names (`config.hidden_act`, `activation_function`, `activation`)
+# and the `itde.ACTIVATIONS` entry computing the same function.
+HF_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+    "quick_gelu": "quick_gelu",
+}
+
+
+# ------------------------------------------------------------------------ reading
+def a(t):
+    """A torch tensor (or None) as a JAX array of the same dtype."""
+    return None if t is None else jnp.asarray(np.ascontiguousarray(_np(t)))
+
+
+def lin(layer) -> np.ndarray:
+    """An `nn.Linear` weight as `[in, out]` (Conv1D stores it that way already)."""
+    return _np(layer.weight).T
+
+
+def heads_in(w: np.ndarray, heads: int) -> Array:
+    """`[features, heads * head_dim]` -> `[heads, features, head_dim]`."""
+    d = w.shape[0]
+    return jnp.asarray(np.ascontiguousarray(w.reshape(d, heads, -1).transpose(1, 0, 2)))
+
+
+def heads_bias(b, heads: int):
+    return None if b is None else jnp.asarray(np.asarray(_np(b) if not isinstance(
+        b, np.ndarray) else b).reshape(heads, -1))  # fmt: skip
+
+
+def heads_out(w: np.ndarray, heads: int) -> Array:
+    """`[heads * value_dim, features]` -> `[heads, value_dim, features]`."""
+    return jnp.asarray(np.ascontiguousarray(w.reshape(heads, -1, w.shape[-1])))
+
+
+def attention(q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0) -> Attention:
+    """From four `nn.Linear` (Q, K, V, output projection). `q_scale` multiplies the query
+    (weight and bias): a family whose score scaling is not $1/\\sqrt{d_\\mathrm{head}}$
+    folds the ratio into $W^Q$."""
+    hkv = h if hkv is None else hkv
+    bq = heads_bias(q.bias, h)
+    return Attention(
+        wq=heads_in(lin(q) * q_scale, h),
+        wk=heads_in(lin(k), hkv),
+        wv=heads_in(lin(v), hkv),
+        wo=heads_out(lin(o), h),
+        bq=None if bq is None else bq * q_scale,
+        bk=heads_bias(k.bias, hkv),
+        bv=heads_bias(v.bias, hkv),
+        bo=a(o.bias),
+    )
+
+
+def layer_norm(ln, eps=None) -> LayerNormProjection:
+    w = _np(ln.weight)
+    return LayerNormProjection(
+        jnp.zeros((), w.dtype),
+        jnp.ones((), w.dtype),
+        jnp.asarray(w),
+        a(getattr(ln, "bias", None)),
+        float(ln.eps if eps is None else eps),
+    )
+
+
+def rms_norm(norm, gain_offset: float = 0.0) -> RMSNormProjection:
+    """An RMSNorm; `gain_offset` is added to the stored weight (Gemma's gain is `1 + w`)."""
+    w = _np(norm.weight)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    gain = jnp.asarray(w) + jnp.asarray(gain_offset, w.dtype) if gain_offset else jnp.asarray(w)
+    return RMSNormProjection(jnp.ones((), w.dtype), gain, float(eps))
+
+
+def feedforward(lin1, lin2, activation: str) -> FeedForward:
+    return FeedForward(
+        w1=jnp.asarray(np.ascontiguousarray(lin(lin1))),
+        w2=jnp.asarray(np.ascontiguousarray(lin(lin2))),
+        b1=a(lin1.bias),
+        b2=a(lin2.bias),
+        activation=activation,
+    )
+
+
+def gated_feedforward(gate, up, down, activation: str) -> GatedFeedForward:
+    return GatedFeedForward(
+        w_gate=jnp.asarray(np.ascontiguousarray(lin(gate))),
+        w1=jnp.asarray(np.ascontiguousarray(lin(up))),
+        w2=jnp.asarray(np.ascontiguousarray(lin(down))),
+        b_gate=a(gate.bias),
+        b1=a(up.bias),
+        b2=a(down.bias),
+        activation=activation,
+    )
+
+
+def equation(blocks, *, causal, block, final_norm=None, rope=None, **fields) -> TransformerIDE:
+    """The per-layer equation of a converted model (unit grid: $\\Delta t = 1$ is the
+    network)."""
+    d = blocks[0].attention.n_features
+    return TransformerIDE(
+        PiecewiseConstant(stack(blocks)),
+        Grid.unit(d),
+        causal=causal,
+        final_norm=final_norm,
+        block=block,
+        rope=rope,
+        **fields,
+    )
+
+
+def activation(field: str, value) -> str:
+    """The `itde.ACTIVATIONS` name of a Hugging Face activation, or a named refusal."""
+    if not isinstance(value, str) or value not in HF_ACTIVATIONS:
+        raise ValueError(
+            f"`config.{field}`={value!r} is not supported; the equation's feed-forward takes "
+            f"{sorted(HF_ACTIVATIONS)}."
+        )
+    return HF_ACTIVATIONS[value]
+
+
+def refuse(config, field: str, ok, why: str) -> None:
+    """Raise when `config.<field>` asks for something the equation cannot express."""
+    value = getattr(config, field, None)
+    if not ok(value):
+        raise ValueError(f"`config.{field}`={value!r} is not supported: {why}")
+
+
+# ------------------------------------------------------------------------ writing
+def layers(m) -> list[Block]:
+    """The per-layer blocks of a converted model's equation (its `PiecewiseConstant`
+    controls), in depth order, or a named refusal for a continuum model."""
+    controls = m.equation.controls
+    if not isinstance(controls, PiecewiseConstant):
+        raise TypeError(
+            f"`to_hf` writes a per-layer model (PiecewiseConstant controls); this model's "
+            f"controls are {type(controls).__name__}. Sample its layers first."
+        )
+    values = controls.values
+    if values.affine1 is not None or values.affine2 is not None or m.equation.readout is not None:
+        raise ValueError(
+            "`to_hf`: this model carries feature affines between its layers (a continuum form, "
+            "whose norms' gains moved into the next layer); Hugging Face has no module for "
+            "them. Write the per-layer model `from_hf` gives, not its continuum form."
+        )
+    return [controls.layer(i) for i in range(controls.n_layers)]
+
+
+def put(param, value, transpose: bool = False) -> None:
+    """Copy `value` into the torch parameter `param` (exactly: float64 and back)."""
+    torch = _torch()
+    x = np.asarray(value, dtype=np.float64)
+    if transpose:
+        x = x.T
+    if tuple(param.shape) != x.shape:
+        raise ValueError(
+            f"`to_hf`: a parameter of shape {x.shape} does not fit the module's "
+            f"{tuple(param.shape)}; the model's config does not describe these weights."
+        )
+    with torch.no_grad():
+        param.copy_(torch.tensor(x))
+
+
+def put_linear(layer, w_in_out, b=None) -> None:
+    """Write `[in, out]` weights (and a bias) into an `nn.Linear`."""
+    put(layer.weight, w_in_out, transpose=True)
+    if b is not None or layer.bias is not None:
+        _bias_fits(layer, b)
+        put(layer.bias, b)
+
+
+def _bias_fits(layer, b) -> None:
+    if (b is None) != (layer.bias is None):
+        raise ValueError(
+            "`to_hf`: the itde model has "
+            f"{'no bias' if b is None else 'a bias'} where the module has "
+            f"{'one' if layer.bias is not None else 'none'}; the config's bias switch does "
+            "not match the weights."
+        )
+
+
+def heads_flat_in(w) -> np.ndarray:
+    """`[heads, features, head_dim]` -> `[features, heads * head_dim]`."""
+    w = np.asarray(w)
+    return w.transpose(1, 0, 2).reshape(w.shape[1], -1)
+
+
+def put_attention(att: Attention, q, k, v, o, q_scale: float = 1.0) -> None:
+    """Write an `Attention` into four `nn.Linear` (the inverse of `attention`)."""
+    put_linear(q, heads_flat_in(att.wq) / q_scale,
+               None if att.bq is None else np.asarray(att.bq).reshape(-1) / q_scale)  # fmt: skip
+    put_linear(k, heads_flat_in(att.wk), None if att.bk is None else np.asarray(att.bk).reshape(-1))
+    put_linear(v, heads_flat_in(att.wv), None if att.bv is None else np.asarray(att.bv).reshape(-1))
+    put_linear(o, np.asarray(att.wo).reshape(-1, att.wo.shape[-1]), att.bo)
+
+
+def put_layer_norm(norm: LayerNormProjection, ln) -> None:
+    """Write a `LayerNormProjection` with mean 0 and radius 1 (the form `from_hf` builds)
+    into an `nn.LayerNorm`."""
+    _check_plain_norm(norm, norm.sigma1 == 0.0, norm.sigma2 == 1.0)
+    put(ln.weight, norm.gain if norm.gain is not None else np.ones(ln.weight.shape))
+    if getattr(ln, "bias", None) is not None:
+        put(ln.bias, norm.shift if norm.shift is not None else np.zeros(ln.bias.shape))
+    elif norm.shift is not None:
+        raise ValueError("`to_hf`: the itde norm has a shift where the module has no bias.")
+
+
+def put_rms_norm(norm: RMSNormProjection, module, gain_offset: float = 0.0) -> None:
+    """Write an `RMSNormProjection` with radius 1 into an RMSNorm module whose gain is
+    `gain_offset + weight`."""
+    _check_plain_norm(norm, norm.sigma == 1.0)
+    gain = np.ones(module.weight.shape) if norm.gain is None else np.asarray(norm.gain, np.float64)
+    put(module.weight, gain - gain_offset)
+
+
+def _check_plain_norm(norm, *plain) -> None:
+    """A norm written to Hugging Face must be the network's own: the unit set's radius and
+    mean as `from_hf` builds them (a continuum form moves gains into the next layer)."""
+    if not all(bool(np.all(np.asarray(p))) for p in plain):
+        raise ValueError(
+            f"`to_hf`: a {type(norm).__name__} whose radius or mean is not the network's "
+            "(radius 1, mean 0) has no Hugging Face module; write the per-layer model "
+            "`from_hf` gives, not its continuum form."
+        )
+
+
+def put_feedforward(ff: FeedForward, lin1, lin2) -> None:
+    put_linear(lin1, ff.w1, ff.b1)
+    put_linear(lin2, ff.w2, ff.b2)
+
+
+def put_gated_feedforward(ff: GatedFeedForward, gate, up, down) -> None:
+    put_linear(gate, ff.w_gate, ff.b_gate)
+    put_linear(up, ff.w1, ff.b1)
+    put_linear(down, ff.w2, ff.b2)
+
+
+def check_rope(rope, rotary) -> None:
+    """`to_hf` rebuilds the rotary frequencies from the config: refuse a model whose own
+    frequencies differ from them (they would be lost silently)."""
+    ours = np.asarray(rope.inv_freq, np.float64)
+    theirs = _np(rotary.inv_freq).astype(np.float64)
+    if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-6, atol=0.0):
+        raise ValueError(
+            "`to_hf`: the model's RoPE frequencies (`equation.rope.inv_freq`) are not the ones "
+            "its config gives; set the config's rope parameters to match them."
+        )
