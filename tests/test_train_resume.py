@@ -177,3 +177,33 @@ def test_sidecar_records_what_a_resume_needs(trained):
     assert {"jax", "equinox", "optax", "diffrax", "itde"} <= set(meta["versions"])
     assert meta["shapes"]["[0].embedding"] == [[6, 8], "float32"]
     assert meta["data_key_impl"] and len(meta["data_key"]) == 2
+
+
+def test_edited_config_in_the_sidecar_is_refused(trained, tmp_path):
+    """Editing `optim.lr` in checkpoint.json used to make the learning rate jump silently on
+    resume (0.003 -> 0.49): the sidecar records its config's digest."""
+    _, out = trained
+    bad = tmp_path / "edited"
+    shutil.copytree(out, bad)
+    meta = json.loads((bad / SIDECAR).read_text())
+    meta["config"]["optim"]["lr"] = 0.49
+    (bad / SIDECAR).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"`config` was edited.*config_sha256.*--config"):
+        train(resume=bad)
+
+
+def test_another_runs_checkpoint_copied_in_is_refused(trained, tmp_path):
+    """A checkpoint of run B copied into run A's directory used to continue B and mix the
+    two runs' metrics rows: each row names its run, and the checkpoint does too."""
+    cfg, out = trained
+    mixed = tmp_path / "mixed"
+    shutil.copytree(out, mixed)
+    meta = read_checkpoint_meta(out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(r["run"] == meta["run_id"] for r in rows)
+    (mixed / "metrics.jsonl").write_text(
+        "".join(json.dumps({**r, "run": "0123456789abcdef"}) + "\n" for r in rows)
+    )
+    with pytest.raises(ValueError, match=r"line 1 belongs to run '0123456789abcdef'.*"
+                       rf"{meta['run_id']}.*copied into this directory"):  # fmt: skip
+        train(resume=mixed)

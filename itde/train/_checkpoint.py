@@ -5,8 +5,10 @@ A checkpoint directory holds
 - `state-<step>.eqx`: `eqx.tree_serialise_leaves((step, model, opt_state))` (no pickle),
   so the state file records its own step;
 - `checkpoint.json`: the sidecar — format, step, the name, size and SHA-256 of the leaves
-  file, the config dict, the data-stream key, package versions, the shape and dtype of
-  every array leaf, and task metadata (e.g. a character vocabulary).
+  file, the config dict and its SHA-256 (an edit of the stored config is refused on
+  resume), the run's id (every `metrics.jsonl` row carries it, so rows of another run are
+  refused), the data-stream key, package versions, the shape and dtype of every array
+  leaf, and task metadata (e.g. a character vocabulary).
 
 Both files are written atomically: to a temporary file in the same directory, flushed and
 `fsync`ed, then `os.replace`d over the final name (and the directory `fsync`ed). The leaves
@@ -64,6 +66,12 @@ def _host(x):
     return np.asarray(x)
 
 
+def config_digest(config: dict) -> str:
+    """The SHA-256 of a config dict in canonical JSON: the sidecar records it, so an edit of
+    the stored config is seen on resume."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
 def save(directory: str | Path, step: int, state, meta: dict) -> Path:
     """Write the checkpoint of `state = (model, opt_state)` at `step` into `directory`.
 
@@ -98,6 +106,7 @@ def save(directory: str | Path, step: int, state, meta: dict) -> Path:
         sha256=digest.hexdigest(),
         versions=versions(),
         shapes=shapes(state),
+        config_sha256=config_digest(meta["config"]),
     )
     text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
     atomic_write(directory / SIDECAR, lambda f: f.write(text))
@@ -146,6 +155,15 @@ def read_meta(directory: str | Path) -> dict:
         raise CheckpointError(
             f"{str(path)!r} is not a format-{FORMAT} itde checkpoint sidecar "
             f"(missing {missing}, format {meta.get('format')!r})"
+        )
+    digest = meta.get("config_sha256")
+    if digest is not None and digest != config_digest(meta["config"]):
+        raise CheckpointError(
+            f"{str(path)!r}: its `config` was edited after the checkpoint was written (the "
+            "recorded config_sha256 differs); resuming would continue the run under settings "
+            "it was not trained with. Restore the file, or change what may change "
+            "(run.log_every, run.eval_every, run.checkpoint_every, run.out, run.progress) with "
+            "--config / `cfg=` instead"
         )
     return meta
 

@@ -40,6 +40,7 @@ import functools
 import json
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,8 @@ class Run:
         self.schedule = make_schedule(cfg.optim)
         dtype = COMPUTE_DTYPES[cfg.run.dtype]
         self.compute_dtype = None if dtype is None else jnp.dtype(dtype)
+        # who the checkpoints and metrics rows belong to (process 0's is the one written)
+        self.run_id = uuid.uuid4().hex[:16]
 
     def init_state(self):
         """The untrained `(model, opt_state)` of the config (also the checkpoint template)."""
@@ -211,6 +214,7 @@ class Run:
     def meta(self) -> dict:
         return {
             "config": to_dict(self.cfg),
+            "run_id": self.run_id,
             "data_key": np.asarray(jax.random.key_data(self.data_key)).tolist(),
             "data_key_impl": str(jax.random.key_impl(self.data_key)),
             "task": self.task.checkpoint_meta(),
@@ -303,9 +307,10 @@ def restart_clock(bar) -> None:
     bar.refresh()
 
 
-def _read_metrics(path: Path, upto: int) -> list[dict]:
+def _read_metrics(path: Path, upto: int, run_id: str | None = None) -> list[dict]:
     """The rows of `metrics.jsonl` up to step `upto`. A torn last line (a crash while it was
-    appended) is dropped; every complete row is kept; damage elsewhere is an error."""
+    appended) is dropped; every complete row is kept; damage elsewhere is an error, and so
+    is a row of another run than `run_id` (the checkpoint's)."""
     if not path.is_file():
         return []
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
@@ -323,6 +328,13 @@ def _read_metrics(path: Path, upto: int) -> list[dict]:
             raise ValueError(
                 f"{str(path)!r} line {i + 1} is damaged ({e}); remove that line to resume"
             ) from None
+        if run_id is not None and row.get("run", run_id) != run_id:
+            raise ValueError(
+                f"{str(path)!r} line {i + 1} belongs to run {row['run']!r}, the checkpoint "
+                f"beside it to run {run_id!r}: another run's checkpoint or metrics were copied "
+                "into this directory. Resume each run from its own directory (or remove the "
+                "rows that are not the checkpoint's run)"
+            )
         rows.append(row)
     return [r for r in rows if r["step"] <= upto]
 
@@ -359,8 +371,10 @@ def _open(cfg, out, resume, devices, source, overwrite):
     run = Run(cfg, devices)
     if resume is not None:
         model, opt_state, meta = run.restore(resume, meta)
+        run.run_id = meta.get("run_id") or run.run_id  # checkpoints before run ids: a new one
         start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
-        rows = _read_metrics(Path(resume) / "metrics.jsonl", start) if dist.is_main() else []
+        path = Path(resume) / "metrics.jsonl"
+        rows = _read_metrics(path, start, meta.get("run_id")) if dist.is_main() else []
     else:
         model, opt_state = run.init_state()
         model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
@@ -468,6 +482,7 @@ def train(
             rate = n_log * bs / max(now - t_log, 1e-9)
             t_log, n_log = now, 0
             row = {
+                "run": run.run_id,
                 "step": done,
                 "loss": loss_v,
                 "lr": float(run.schedule(s)),
