@@ -192,7 +192,8 @@ def solve(
         "embedding or the data that produced it.",
     )
     kwargs = {} if progress_meter is None else {"progress_meter": progress_meter}
-    return diffrax.diffeqsolve(
+    throw = check_bool("throw", throw)
+    sol = diffrax.diffeqsolve(
         terms,
         solver,
         t0=jnp.asarray(t0, tdtype),
@@ -203,9 +204,32 @@ def solve(
         stepsize_controller=controller,
         adjoint=adjoint,
         max_steps=steps,
-        throw=check_bool("throw", throw),
+        throw=throw,
         args=args,
         **kwargs,
+    )
+    if throw and isinstance(sol.ys, jax.Array):
+        sol = eqx.tree_at(lambda s: s.ys, sol, _check_output(sol.ys, u0))
+    return sol
+
+
+def _check_output(ys, u0):
+    """A finite `u0` whose solution is not finite overflowed: say so, and why, instead of
+    returning NaN (the input check above covers a non-finite `u0`)."""
+    dtype = jnp.dtype(u0.dtype)
+    root = float(np.sqrt(np.finfo(dtype).max))
+    big = jnp.max(jnp.abs(u0)) > jnp.asarray(root, u0.dtype)
+    messages = (
+        f"itde.solve: the state overflowed ({dtype}): `u0` is finite but has entries above "
+        f"{root:.1e}, the square root of {dtype}'s largest value, so their squares in the "
+        "norms and scores are infinite. Scale `u0` down, or compute in float64.",
+        f"itde.solve: the state became NaN or infinite during the solve although `u0` is "
+        f"finite: the dynamics overflowed {dtype} (parameters grown too large, e.g. a "
+        "training step that diverged: lower the learning rate; or a depth step too large "
+        "for an explicit scheme).",
+    )
+    return eqx.branched_error_if(
+        ys, ~jnp.all(jnp.isfinite(ys)), jnp.where(big, 0, 1), messages
     )
 
 

@@ -87,3 +87,39 @@ def test_roberta_length_limit_names_the_right_numbers():
     with pytest.raises(ValueError, match=r"15 tokens, more than the 14 this RobertaModel takes "
                        r"\(config.max_position_embeddings = 16, 2 of whose rows are reserved"):
         m(jnp.full((15,), 5))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_overflowing_state_is_named_not_nan(dtype):
+    """Inputs of magnitude 1e20-1e30 in float32/bfloat16 used to give an all-NaN output with
+    no error: the solve says the state overflowed and why; below the threshold it is
+    finite."""
+    import equinox as eqx
+
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2)
+    m = jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, m)
+    x = jax.random.normal(jax.random.key(1), (4, 8)).astype(dtype)
+    for scale in (1e20, 1e30):
+        with pytest.raises(eqx.EquinoxRuntimeError, match=rf"overflowed \({jnp.dtype(dtype)}\)"
+                           r".*above 1.8e\+19.*Scale `u0` down"):  # fmt: skip
+            jax.block_until_ready(itde.solve(m, x * jnp.asarray(scale, dtype)).ys)
+    assert jnp.all(jnp.isfinite(itde.solve(m, x * jnp.asarray(1e3, dtype)).ys))
+
+
+def test_state_that_diverges_from_a_finite_start_is_named():
+    """Weights large enough to overflow inside the solve: the message says the dynamics
+    overflowed (not the data) and names the learning rate as a likely cause."""
+    import equinox as eqx
+
+    m = itde.TransformerIDE.init(
+        jax.random.key(0), n_layers=2, n_features=8, n_heads=2, block=itde.PreNorm()
+    )  # pre-norm: nothing projects the residual stream back
+    m = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, m)
+    ff = m.controls.values.feedforward
+    big = eqx.tree_at(lambda m: (m.controls.values.feedforward.w1,
+                                 m.controls.values.feedforward.w2), m,
+                      (ff.w1 * 1e20, ff.w2 * 1e20))  # fmt: skip
+    x = jax.random.normal(jax.random.key(1), (4, 8), jnp.float32)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"during the solve although `u0` is "
+                       r"finite.*lower the learning rate"):  # fmt: skip
+        jax.block_until_ready(itde.solve(big, x).ys)
