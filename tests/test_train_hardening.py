@@ -355,3 +355,17 @@ def test_bfloat16_training_step_agrees_with_float32():
                           for t in (new["f32"], new["bf16"], model)), strict=True):  # fmt: skip
         assert a.dtype == b.dtype == p0.dtype == jnp.float32
         assert float(jnp.max(jnp.abs(a - b))) <= 2 * lr * (1 + 1e-3)
+
+
+def test_diverged_training_names_the_learning_rate(tmp_path):
+    """`lr = 1e6` used to blame the data ("check the embedding or the data") when the
+    parameters went non-finite: the run now says they diverged and names `optim.lr`."""
+    table = {
+        "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 16},
+        "optim": {"steps": 30, "batch_size": 8, "warmup": 0, "lr": 1e6, "clip_norm": 1e9},
+        "run": {"log_every": 1, "eval_every": 30, "checkpoint_every": 30, "progress": False},
+    }
+    with pytest.raises(FloatingPointError, match=r"training stopped at step \d+.*last logged "
+                       r"loss.*diverged: lower `optim.lr` \(now 1e\+06\)"):  # fmt: skip
+        train(from_dict(TrainExperiment, table), out=tmp_path / "run")

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import time
 import uuid
 from pathlib import Path
@@ -382,6 +383,21 @@ def _open(cfg, out, resume, devices, source, overwrite):
     return cfg, out, run, model, opt_state, start, wall0, rows
 
 
+def _diverged(error, step: int, last: dict, cfg) -> FloatingPointError:
+    """A run-time check failed inside a training step: almost always the parameters grew
+    non-finite (a learning rate too large). Say so, name `optim.lr`, and keep the check's own
+    message."""
+    fired = re.search(r"itde\.solve: [^\n]*", str(error))
+    said = f" The check that fired: {fired.group(0)}" if fired else ""
+    loss = f"{last['loss']:.4g} at step {last['step']}" if "loss" in last else "not logged yet"
+    return FloatingPointError(
+        f"training stopped at step {step + 1}: the state of the model's solve is not finite "
+        f"(last logged loss: {loss}). The parameters most likely diverged: lower `optim.lr` "
+        f"(now {cfg.optim.lr:g}) or `optim.clip_norm` (now {cfg.optim.clip_norm:g}), or "
+        f"lengthen `optim.warmup` (now {cfg.optim.warmup}); the last checkpoint is kept.{said}"
+    )
+
+
 def _finish(out: Path, total: int, task, saved: bool) -> list[str]:
     """The loss curve of the run's metrics, and every file the run wrote."""
     from ._plot import plot_metrics
@@ -473,7 +489,10 @@ def train(
     done, saved = start, False
     last: dict = {}
     for s in range(start, total):
-        model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
+        try:
+            model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
+        except eqx.EquinoxRuntimeError as e:
+            raise _diverged(e, s, last, cfg) from e
         done, n_log = s + 1, n_log + 1
         evaluating = done % r.eval_every == 0 or done == total
         if done % r.log_every == 0 or evaluating:
