@@ -129,3 +129,24 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     while frame is not None and frame.f_code.co_filename.startswith(folders):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def warn_if_vmapped_over_tokens(u0, batch_axis: int) -> None:
+    """A model converted from PyTorch's `batch_first=False` takes `[tokens, batch, features]`;
+    `jax.vmap(m)(x)` maps axis 0 of such an `x`, the tokens, and silently solves every token
+    position as a sequence of the batch. Warn when the state arrives mapped over axis 0 of
+    the caller's array (seen only where `jax.vmap` wraps the call directly)."""
+    if batch_axis != 1:
+        return
+    try:
+        from jax._src.interpreters.batching import BatchTracer
+    except ImportError:  # pragma: no cover - a JAX without this private class: no check
+        return
+    if isinstance(u0, BatchTracer) and getattr(u0, "batch_dim", None) == 0:
+        warn_at_caller(
+            "this model was converted from a PyTorch module with batch_first=False, which "
+            "takes [tokens, batch, features], and jax.vmap mapped axis 0 of its input: if "
+            "that input is [tokens, batch, features], every token position is being solved "
+            "as a sequence. Use m.batch(x), or jax.vmap(m, in_axes=1, out_axes=1); if the "
+            "input is [batch, tokens, features], this warning does not apply."
+        )

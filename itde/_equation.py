@@ -22,7 +22,7 @@ from itde_solvers import ProjectionTerm, SplitTerm
 
 from ._abstract import AbstractEquation
 from ._blocks import AbstractBlockForm, PostNorm, as_block_form
-from ._checks import check_bool, check_key
+from ._checks import check_bool, check_key, warn_if_vmapped_over_tokens
 from ._continuum import fold_norms
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._abstract import AbstractNorm
@@ -540,6 +540,7 @@ class TransformerIDE(AbstractEquation):
     ) -> Float[Array, "tokens features"]:
         """The encoder's output for one sequence: $u(T)$ from the paper's scheme, in the
         dtype of `u0`. `mask`: `[tokens]` booleans (or 0/1), False on padded tokens."""
+        warn_if_vmapped_over_tokens(u0, self.batch_axis)
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
         sol = solve(self, u0, args=mask)
         assert sol.ys is not None

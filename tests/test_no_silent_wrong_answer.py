@@ -1,6 +1,8 @@
 """Inputs that used to give a wrong answer without a word now give the right answer or a
 clear error (each test here failed before the fix)."""
 
+import warnings
+
 import diffrax
 import equinox as eqx
 import jax
@@ -152,8 +154,13 @@ def test_from_torch_records_the_batch_layout(batch_first):
         ref = layer(x).numpy()
     got = np.asarray(m.batch(jnp.asarray(x.numpy())))
     np.testing.assert_allclose(got, ref, atol=1e-12)
-    vm = jax.vmap(m, in_axes=m.batch_axis, out_axes=m.batch_axis)(jnp.asarray(x.numpy()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the right axes: no warning
+        vm = jax.vmap(m, in_axes=m.batch_axis, out_axes=m.batch_axis)(jnp.asarray(x.numpy()))
     np.testing.assert_allclose(vm, ref, atol=1e-12)
+    if not batch_first:  # the common slip: jax.vmap(m) of [tokens, batch, d] maps the tokens
+        with pytest.warns(UserWarning, match=r"batch_first=False.*mapped axis 0.*m\.batch"):
+            jax.vmap(m)(jnp.asarray(x.numpy()))
 
 
 # ------------------------------------------------------------------ found by an adversarial run
