@@ -125,6 +125,29 @@ def test_pages_have_titles_and_equation_markup(site):
     assert 'href="../quadrature/#itde.Grid"' in api  # [`Grid`][itde.Grid], another page
 
 
+def test_cli_page_lists_every_command_option_and_file(site):
+    """The command-line page is generated from the parser: every command, every option of
+    each, and every file a command says it writes appear on it."""
+    import argparse
+
+    from itde.cli import _main
+
+    page = html.unescape(_page(site, "api/cli"))
+    parser = _main.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(subs.choices) >= 5
+    for name, sub in subs.choices.items():
+        assert f"itde {name}" in page, name
+        for action in sub._actions:
+            for flag in action.option_strings:
+                assert flag in page, (name, flag)
+        sub.format_help()
+        for line in (sub.epilog or "").splitlines()[1:]:
+            if line.startswith("  ") and line.split():
+                assert line.split()[0] in page, (name, line)
+    assert "metrics.jsonl" in page and "--no-progress" in page
+
+
 # ----------------------------------------------------------------------- browser
 # MathJax 3 as the site loads it from a CDN; the browser test serves the same files from
 # the npm package (fetched once with `npm pack`, cached beside the pytest temp folders).
