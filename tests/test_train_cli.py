@@ -59,6 +59,12 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     assert other["eval_rel_l2"] != results[""]["eval_rel_l2"]
     _fail = main(["eval", "--checkpoint", str(out), "--grid", "9"])
     assert _fail == 2 and "`--grid`=9 must be an even integer" in capsys.readouterr().err
+    # sizes that used to hang or be killed for memory: refused before any work, by name
+    assert main(["eval", "--checkpoint", str(out), "--size", str(10**11)]) == 2
+    assert "`--size`=100000000000 held-out examples" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(out), "--grid", "100000"]) == 2
+    said = capsys.readouterr().err
+    assert "n_grid * oversample = 400000" in said and "data solver" in said, said
     for r in results.values():
         assert 0 < r["eval_rel_l2"] < 10
     assert main(["sample", "--checkpoint", str(out)]) == 2

@@ -130,3 +130,41 @@ def test_config_that_is_a_directory_is_refused(tmp_path, capsys):
     wrong.write_text('{"format": 2}')
     assert main(["train", "--config", str(wrong), "--out", str(tmp_path / "o")]) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ sizes that cannot be run
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ({"task": {"name": "sort", "eval_size": 10**12}},
+         r"`task.eval_size`=1000000000000 held-out examples.*GiB.*lower task.eval_size"),
+        ({"task": {"name": "sort", "length": 10**8}},
+         r"training step needs about .*`task.length`=100000000.*lower optim.batch_size or "
+         r"task.length"),
+        ({"optim": {"batch_size": 10**9}},
+         r"`optim.batch_size`=1000000000.*more than the"),
+        ({"task": {"name": "burgers", "amplitude": 1e6}},
+         r"`task.amplitude`=1e\+06.*1.7e\+08 time steps per example.*would not end"),
+        ({"task": {"name": "burgers", "nu": 1e9}},
+         r"`task.nu`=1e\+09.*targets are ~0.*nu \* t_final <= 11.5"),
+    ],
+)  # fmt: skip
+def test_configs_that_cannot_run_are_refused_before_any_work(table, said):
+    """Each of these hung, was killed for memory or trained against targets ~0: refused at
+    once, naming the key (the memory limit is this machine's: every case is far above)."""
+    from itde.train import Run
+
+    with pytest.raises(ConfigError, match=said):
+        Run(from_dict(TrainExperiment, table))
+
+
+def test_memory_estimate_scales_with_what_it_names():
+    from itde.train._budget import check_fits, eval_set_bytes, step_bytes
+
+    cfg = from_dict(TrainExperiment, {"task": {"name": "sort"}})
+    assert eval_set_bytes(10, 4, 8) == 4 * 2 * 12 * 8  # rounded up to whole batches
+    base = step_bytes(cfg, 8)
+    assert step_bytes(cfg, 16) > 2 * base  # the scores are quadratic in the tokens
+    check_fits(cfg, 8, tokens_name="task.length", limit=10 * base)
+    with pytest.raises(ConfigError, match=r"training step.*`task.length`=8"):
+        check_fits(cfg, 8, tokens_name="task.length", limit=base)

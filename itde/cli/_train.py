@@ -97,6 +97,14 @@ def cmd_eval(args) -> int:
             file=sys.stderr,
         )
     task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
+    from ..train._budget import check_fits
+
+    key = type(task).tokens_key
+    check_fits(
+        run.cfg, int(task.grid_size or getattr(run.cfg.task, key)), eval_size=args.size,
+        tokens_name="--grid" if args.grid is not None else f"task.{key}",
+        size_name="--size" if args.size is not None else "task.eval_size", train=False,
+    )  # fmt: skip
     chunks = run.eval_chunks(args.size, task)
     with warnings.catch_warnings():  # said once above, in the command's own words
         warnings.simplefilter("ignore", DepthStepWarning)

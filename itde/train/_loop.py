@@ -55,6 +55,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
+from ._budget import check_fits
 from ._config import (
     COMPUTE_DTYPES,
     RESUMABLE_KEYS,
@@ -190,6 +191,8 @@ class Run:
     def __init__(self, cfg: TrainExperiment, devices=None, *, task=None):
         self.cfg = cfg
         self.task = TASKS[cfg.task.name](cfg.task) if task is None else task
+        key = type(self.task).tokens_key
+        check_fits(cfg, int(getattr(cfg.task, key)), tokens_name=f"task.{key}")
         root = jax.random.key(cfg.optim.seed)
         self.init_key = jax.random.fold_in(root, 0)
         self.data_key = jax.random.fold_in(root, 1)

@@ -49,6 +49,8 @@ class AbstractTask(abc.ABC):
     metric_label: ClassVar[str]
     metric_log: ClassVar[bool] = False
     can_sample: ClassVar[bool] = False
+    #: the task option that is the number of tokens of an example (`"length"`, ...)
+    tokens_key: ClassVar[str]
 
     def __init__(self, config):
         self.config = config

@@ -19,6 +19,9 @@ from ..data._sort import accuracy
 from ._model import cross_entropy, init_field_model, init_token_model
 from ._task import AbstractTask
 
+_MAX_DAMPING = 11.5  # exp(-11.5) ~ 1e-5
+_MAX_DATA_STEPS = 100_000
+
 
 @typing.final
 class Sort(AbstractTask):
@@ -29,6 +32,7 @@ class Sort(AbstractTask):
     name = "sort"
     options = {"length": 8, "vocab": 10}
     metric = "eval_seq_acc"
+    tokens_key = "length"
     metric_label = "held-out sequence accuracy"
 
     def __init__(self, config):
@@ -94,6 +98,7 @@ class Burgers(AbstractTask):
         "oversample": 4,
     }
     metric = "eval_rel_l2"
+    tokens_key = "n_grid"
     metric_label = "held-out relative L2"
     metric_log = True
 
@@ -113,6 +118,27 @@ class Burgers(AbstractTask):
             raise ConfigError(
                 f"`task.n_modes`={config.n_modes} must satisfy 3 * n_modes < n_grid="
                 f"{config.n_grid}"
+            )
+        # the targets: every mode of u0 decays at least like exp(-nu t_final) (k >= 1)
+        damping = config.nu * config.t_final
+        if damping > _MAX_DAMPING:
+            raise ConfigError(
+                f"`task.nu`={config.nu:g} with `task.t_final`={config.t_final:g} damps every "
+                f"mode of u0 by at least exp(-{damping:.3g}): the targets are ~0 and the "
+                "relative L2 metric meaningless (it divides by their norm). Keep "
+                f"nu * t_final <= {_MAX_DAMPING} (targets above ~1e-5 of the amplitude)."
+            )
+        # the data solver's work: its step count grows with amplitude * t_final * k_max
+        k_max = (config.oversample * config.n_grid - 1) // 3
+        steps = math.ceil(config.t_final * config.amplitude * k_max / 0.5)
+        if steps > _MAX_DATA_STEPS:
+            raise ConfigError(
+                f"`task.amplitude`={config.amplitude:g} (with `task.t_final`="
+                f"{config.t_final:g} and n_grid * oversample = "
+                f"{config.n_grid * config.oversample}) makes the Burgers data solver take "
+                f"{steps:.3g} time steps per example (advective limit), more than "
+                f"{_MAX_DATA_STEPS:.0e}: generating the data would not end. Lower "
+                "task.amplitude or task.t_final."
             )
 
     @property
@@ -149,6 +175,7 @@ class CharLM(AbstractTask):
     name = "charlm"
     options: dict[str, Any] = {"text_path": "", "context": 64, "val_fraction": 0.1}
     metric = "eval_nats_per_char"
+    tokens_key = "context"
     metric_label = "validation nats/char"
     can_sample = True
 
