@@ -152,13 +152,11 @@ def test_float64(name):
         _check(name, torch.float64)
 
 
-# float32 with Hugging Face's own code: by default the families whose float32 steps differ
-# (Gemma's norm with its `1 +` in float32 and its rounded sqrt(d), NeoX's partial rotary);
-# the others are the Llama equation's float32 path, checked in test_hf.
+# float32 with Hugging Face's own code: by default Gemma, whose float32 steps are its own
+# (the norm's `1 + w` and its product in float32, sqrt(d) rounded to float32); the others'
+# float32 steps (rotary angles, RMSNorm or LayerNorm, softmax) are Llama's and GPT-2's.
 @pytest.mark.parametrize(
-    "name",
-    ["gemma", "neox"]
-    + [pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES if n not in ("gemma", "neox")],
+    "name", ["gemma"] + [pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES if n != "gemma"]
 )
 def test_float32(name):
     _check(name, torch.float32)
@@ -318,7 +316,10 @@ def test_rope_attention_factor_and_partial_rotary_refused():
 
 
 # ---------------------------------------------------------------- back to Hugging Face
-@pytest.mark.parametrize("name", ["qwen2", "mistral", "gemma", "neox", "neox_sequential"])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen2", "mistral", "gemma", "neox", pytest.param("neox_sequential", marks=pytest.mark.slow)],
+)
 def test_to_hf_round_trip(name, tmp_path):
     """`to_hf(from_hf(model))` has `model`'s state (Gemma's norm weights `w` as `1 + w`,
     the gain the model computes: `(1 + w) - 1` need not be `w` in floating point); a model
