@@ -239,9 +239,11 @@ def test_unsupported_config_names_the_field(family, field, value):
 
 
 def test_rope_scaling_names_the_field():
+    """A rope type whose frequencies follow the sequence's length is refused by name
+    (`linear` and `llama3` convert: tests/test_hf_rotary.py)."""
     cls, config, _ = _config("llama")
-    config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
-    with pytest.raises(ValueError, match=r"rope_type.*'linear'.*'default'"):
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match=r"rope_type.*'dynamic'.*sequence's length.*'linear'"):
         itde.from_hf(cls(config))
 
 

@@ -14,17 +14,30 @@ from typing import Any
 
 from ._hf_bert import BertFamily, DistilBertFamily
 from ._hf_family import AbstractHFFamily
+from ._hf_gemma import GemmaFamily
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
+from ._hf_mistral import MistralFamily
 from ._hf_model import HFTransformer
+from ._hf_neox import GPTNeoXFamily
+from ._hf_qwen2 import Qwen2Family
 from ._torch import _torch, check_x64
 
 __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 
 #: The Hugging Face model classes `from_hf` converts, by class name, and their families.
 HF_FAMILIES: dict[str, AbstractHFFamily] = {}
-for _family in (BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily()):
+for _family in (
+    BertFamily(),
+    DistilBertFamily(),
+    GPT2Family(),
+    LlamaFamily(),
+    Qwen2Family(),
+    MistralFamily(),
+    GemmaFamily(),
+    GPTNeoXFamily(),
+):
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
 

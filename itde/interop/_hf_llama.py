@@ -1,8 +1,17 @@
 """Llama: a causal pre-norm decoder with RMSNorm, rotary positions, a SwiGLU feed-forward
-and grouped-query attention; the template of the rotary families."""
+and grouped-query attention; the template of the rotary families.
+
+The rotary families (Llama, Qwen2, Mistral, Gemma, GPT-NeoX) share the checks of their
+rotary embedding (`rope_checks`, `check_rotary`) and of their causality
+(`causal_checks`), and the Llama-like ones (Llama, Qwen2, Mistral, Gemma) share the
+converter `convert_llama_like` / `write_llama_like`: a family is the refusals of its own
+config fields plus the few numbers in which its forward differs (the norm gain's offset,
+the embedding scale, keywords of the equation).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from .._blocks import PreNorm
@@ -17,25 +26,171 @@ LLAMA_FIELDS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
     "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_scaling",
-    "rope_theta", "attention_bias", "mlp_bias", "pretraining_tp",
+    "rope_theta", "attention_bias", "mlp_bias", "pretraining_tp", "is_causal",
     # dropout and the tied head leave the hidden states unchanged
     "attention_dropout", "tie_word_embeddings",
 })  # fmt: skip
 
+#: The rope types whose frequencies the config fixes once (`rotary_emb.inv_freq` holds
+#: them, scaled where the type scales them) and whose cos and sin carry no factor: the
+#: equation's `Rope(inv_freq)` is their rotation exactly.
+EXACT_ROPE_TYPES = ("default", "linear", "llama3")
 
-def rope_checks(config, name: str) -> None:
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+# Why each other rope type of `transformers` is refused.
+_ROPE_REFUSALS = {
+    "dynamic": "its frequencies are recomputed from the sequence's length once it exceeds "
+    "max_position_embeddings (dynamic NTK scaling), so one set of frequencies is not the "
+    "model at every length",
+    "longrope": "it switches between short and long frequencies with the sequence's length "
+    "and multiplies cos and sin by an attention factor",
+    "yarn": "it multiplies cos and sin by an attention factor (mscale), which scales every "
+    "score by its square on the rotated features only",
+}
+
+
+def rope_type(params) -> str:
+    """The rope type of a `rope_parameters` (or legacy `rope_scaling`) dict."""
+    if not params:
+        return "default"
+    return params.get("rope_type", params.get("type", "default"))
+
+
+def rope_checks(config, name: str, rotary=None) -> None:
+    """Refuse a rope type the equation's `Rope` does not compute exactly, and (given the
+    model's rotary embedding `rotary`) an attention factor on its cos and sin."""
+    for field in ("rope_parameters", "rope_scaling"):
+        params = getattr(config, field, None)
+        if params is not None and not isinstance(params, dict):
+            raise ValueError(
+                f"`config.{field}`={params!r} is not supported: {name} converts one dict of "
+                "rope parameters (per-layer-type rope parameters are not converted)."
+            )
+        kind = rope_type(params)
+        if kind not in EXACT_ROPE_TYPES:
+            why = _ROPE_REFUSALS.get(
+                kind, "itde has not checked this rope type's frequencies against Hugging Face"
+            )
+            raise ValueError(
+                f"`config.{field}['rope_type']`={kind!r} is not supported: {why}. {name} "
+                f"converts the rope types {', '.join(map(repr, EXACT_ROPE_TYPES))}, whose "
+                "frequencies are fixed by the config and whose cos and sin carry no factor."
+            )
+    if rotary is not None:
+        factor = float(getattr(rotary, "attention_scaling", 1.0))
+        if factor != 1.0:
+            raise ValueError(
+                f"`model.rotary_emb.attention_scaling`={factor!r} is not supported: the "
+                "equation's RoPE rotates queries and keys without scaling them; a factor on "
+                "cos and sin scales the scores of the rotated features only."
+            )
+
+
+def check_rotary(model, name: str, head_dim: int, *, partial: bool = False) -> Rope:
+    """The equation's `Rope` of `model.rotary_emb` (its frequencies exactly: the rope type's
+    scaling is already in `inv_freq`), after the rope checks. Unless `partial`, the rotation
+    must cover the whole head, as the family's forward assumes."""
+    rotary = model.rotary_emb
+    rope_checks(model.config, name, rotary)
+    inv_freq = rotary.inv_freq
+    rotary_dim = 2 * int(inv_freq.shape[-1])
+    if rotary_dim > head_dim or (not partial and rotary_dim != head_dim):
+        factor = (model.config.rope_parameters or {}).get("partial_rotary_factor")
         raise ValueError(
-            f"`config.rope_parameters['rope_type']`={rope_type!r} is not supported: {name} "
-            "converts with the default RoPE frequencies only ('default')."
+            f"`config.rope_parameters['partial_rotary_factor']`={factor!r} is not supported: "
+            f"it gives {rotary_dim} rotary features for heads of {head_dim}, and {name} "
+            "rotates whole heads (partial rotary is GPT-NeoX's)."
         )
+    return Rope(g.a(inv_freq))
+
+
+def causal_checks(config) -> None:
+    """Refuse `config.is_causal=False` (a field whose False switches bidirectional attention
+    on: `transformers` builds a bidirectional mask for it)."""
     g.refuse(
-        config, "rope_scaling",
-        lambda v: not v or v.get("rope_type", v.get("type")) == "default",
-        "the equation's RoPE has no frequency scaling; use rope_scaling=None.",
+        config, "is_causal", lambda v: v is None or bool(v),
+        "the converted decoder is causal; a bidirectional mask is not converted.",
     )  # fmt: skip
+
+
+def q_scale(attention, head_dim: int) -> float:
+    """The factor folded into $W^Q$ when a family's score scaling (`attention.scaling`) is
+    not $1/\\sqrt{d_\\mathrm{head}}$, the equation's."""
+    scaling = float(attention.scaling)
+    return 1.0 if scaling == head_dim**-0.5 else scaling * math.sqrt(head_dim)
+
+
+def convert_llama_like(
+    family: AbstractHFFamily,
+    model,
+    name: str,
+    *,
+    gain_offset: float = 0.0,
+    embedding_scale: float | None = None,
+    **equation_fields,
+) -> HFTransformer:
+    """The equation of a Llama-like model (`embed_tokens`, `layers` of `self_attn` with
+    `q/k/v/o_proj`, `mlp` with `gate/up/down_proj`, `input_layernorm` and
+    `post_attention_layernorm`, final `norm`, `rotary_emb`).
+
+    **Arguments:**
+
+    - `gain_offset`: added to every RMSNorm weight (Gemma's gain is `1 + w`).
+    - `embedding_scale`: the factor on the token embeddings (Gemma's $\\sqrt{d}$), or None.
+    - `equation_fields`: further keywords of the equation (`TransformerIDE`), e.g. an
+      attention core.
+    """
+    config = model.config
+    act = g.activation("hidden_act", config.hidden_act)
+    h = config.num_attention_heads
+    hkv = config.num_key_value_heads or h
+    head_dim = model.layers[0].self_attn.head_dim
+    rope = check_rotary(model, name, head_dim)
+    blocks = []
+    for layer in model.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        blocks.append(
+            Block(
+                g.attention(
+                    at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv, q_scale(at, head_dim)
+                ),
+                g.rms_norm(layer.input_layernorm, gain_offset),
+                g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
+                g.rms_norm(layer.post_attention_layernorm, gain_offset),
+            )
+        )
+    return HFTransformer(
+        word_embeddings=g.a(model.embed_tokens.weight),
+        position_embeddings=None,
+        token_type_embeddings=None,
+        embedding_norm=None,
+        equation=g.equation(
+            blocks,
+            causal=True,
+            block=PreNorm(),
+            final_norm=g.rms_norm(model.norm, gain_offset),
+            rope=rope,
+            **equation_fields,
+        ),
+        positions=NoPositions(),
+        source=name,
+        family=family,
+        config=config_json(config),
+        embedding_scale=embedding_scale,
+    )
+
+
+def write_llama_like(m: HFTransformer, model, *, gain_offset: float = 0.0) -> None:
+    """Write a Llama-like `m` into `model` (the inverse of `convert_llama_like`)."""
+    g.put(model.embed_tokens.weight, m.word_embeddings)
+    g.put_rms_norm(m.equation.final_norm, model.norm, gain_offset)
+    g.check_rope(m.equation.rope, model.rotary_emb)
+    for block, layer in zip(g.layers(m), model.layers, strict=True):
+        at, mlp = layer.self_attn, layer.mlp
+        scale = q_scale(at, at.head_dim)
+        g.put_attention(block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale)
+        g.put_rms_norm(block.norm1, layer.input_layernorm, gain_offset)
+        g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        g.put_rms_norm(block.norm2, layer.post_attention_layernorm, gain_offset)
 
 
 def rms_norm_float64(gain_offset: float = 0.0):
@@ -69,75 +224,42 @@ def rotary_float64(self, x, position_ids):
 rotary_float64.originals = {}
 
 
+def rotary_patch(module, prefix: str):
+    """The rotary patch of a `modeling_<family>` module with a `<prefix>RotaryEmbedding`."""
+    rotary = getattr(module, f"{prefix}RotaryEmbedding")
+    rotary_float64.originals[rotary] = rotary.forward
+    return (rotary, "forward", rotary_float64)
+
+
 def float64_patches(module, prefix: str, gain_offset: float = 0.0):
     """The RMSNorm and rotary patches of a Llama-like `modeling_<family>` module."""
     norm = getattr(module, f"{prefix}RMSNorm")
-    rotary = getattr(module, f"{prefix}RotaryEmbedding")
     rms = rms_norm_float64(gain_offset)
     rms.original = norm.forward
-    rotary_float64.originals[rotary] = rotary.forward
-    return ((norm, "forward", rms), (rotary, "forward", rotary_float64))
+    return ((norm, "forward", rms), rotary_patch(module, prefix))
 
 
 class LlamaFamily(AbstractHFFamily):
     """`LlamaModel` (any `head_dim`, `attention_bias`, `mlp_bias`, grouped-query
-    attention)."""
+    attention; rope types `default`, `linear`, `llama3`)."""
 
     classes: ClassVar[tuple[str, ...]] = ("LlamaModel",)
     fields: ClassVar[frozenset[str]] = LLAMA_FIELDS
 
     def check(self, model, name):
         super().check(model, name)
-        rope_checks(model.config, name)
+        rope_checks(model.config, name, model.rotary_emb)
+        causal_checks(model.config)
         g.refuse(
             model.config, "pretraining_tp", lambda v: v in (None, 1),
             "pretraining_tp only splits the matrices; it must be 1 for an exact forward.",
         )  # fmt: skip
 
     def convert(self, model, name):
-        config = model.config
-        act = g.activation("hidden_act", config.hidden_act)
-        h = config.num_attention_heads
-        hkv = config.num_key_value_heads or h
-        blocks = []
-        for layer in model.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            blocks.append(
-                Block(
-                    g.attention(at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv),
-                    g.rms_norm(layer.input_layernorm),
-                    g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
-                    g.rms_norm(layer.post_attention_layernorm),
-                )
-            )
-        return HFTransformer(
-            word_embeddings=g.a(model.embed_tokens.weight),
-            position_embeddings=None,
-            token_type_embeddings=None,
-            embedding_norm=None,
-            equation=g.equation(
-                blocks,
-                causal=True,
-                block=PreNorm(),
-                final_norm=g.rms_norm(model.norm),
-                rope=Rope(g.a(model.rotary_emb.inv_freq)),
-            ),  # fmt: skip
-            positions=NoPositions(),
-            source=name,
-            family=self,
-            config=config_json(config),
-        )
+        return convert_llama_like(self, model, name)
 
     def write(self, m, model):
-        g.put(model.embed_tokens.weight, m.word_embeddings)
-        g.put_rms_norm(m.equation.final_norm, model.norm)
-        g.check_rope(m.equation.rope, model.rotary_emb)
-        for block, layer in zip(g.layers(m), model.layers, strict=True):
-            at, mlp = layer.self_attn, layer.mlp
-            g.put_attention(block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj)
-            g.put_rms_norm(block.norm1, layer.input_layernorm)
-            g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            g.put_rms_norm(block.norm2, layer.post_attention_layernorm)
+        write_llama_like(m, model)
 
     def float64_patches(self):
         from transformers.models.llama import modeling_llama
