@@ -345,3 +345,12 @@ def test_no_family_converts_another_familys_model():
         itde.from_hf(cls(config))
     config.sliding_window = None  # a field switched off is no trap
     itde.from_hf(cls(config))
+
+
+def test_is_causal_false_is_not_read_as_off():
+    """`config.is_causal=False` makes Hugging Face's causal mask bidirectional: a family
+    that does not read it refuses it (False is "off" for other unknown fields)."""
+    cls, config, _ = _config("gpt2")
+    config.is_causal = False
+    with pytest.raises(ValueError, match=r"`config\.is_causal`=False is not a field GPT2Family"):
+        itde.from_hf(cls(config))

@@ -82,7 +82,7 @@ class AbstractHFFamily(eqx.Module):
         unknown = sorted(
             (k, v)
             for k, v in config_fields(model.config).items()
-            if k not in _BASE_FIELDS and k not in self.fields and not _off(v)
+            if k not in _BASE_FIELDS and k not in self.fields and not _off(k, v)
         )
         if unknown:
             k, v = unknown[0]
@@ -102,7 +102,14 @@ def config_json(config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, default=str)
 
 
-def _off(v) -> bool:
+# Fields whose False switches something off that is on by default: `is_causal=False` makes
+# Hugging Face's `create_causal_mask` bidirectional.
+_ON_BY_DEFAULT = frozenset({"is_causal"})
+
+
+def _off(key: str, v) -> bool:
+    if key in _ON_BY_DEFAULT:
+        return v is None or v is True
     return any(v is o for o in _OFF) or v == {} or v == []
 
 
