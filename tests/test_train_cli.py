@@ -46,7 +46,11 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     # the "wrote" line names every file of the run, the state file too; all are 0644
     files = sorted(p.name for p in out.iterdir())
     assert files == ["checkpoint.json", "loss_curve.png", "metrics.jsonl", "state-00000002.eqx"]
-    wrote = capsys.readouterr().out.splitlines()[-1]
+    printed = capsys.readouterr().out.splitlines()
+    wrote = printed[-1]
+    # --no-progress prints one line per evaluation as the run goes (no bar, not silent)
+    evals = [line for line in printed if line.startswith("step ") and "eval_rel_l2" in line]
+    assert len(evals) == 1 and evals[0].startswith("step 2: "), printed
     assert wrote.startswith("wrote ") and all(str(out / f) in wrote for f in files), wrote
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
     results = {}

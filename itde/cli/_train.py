@@ -44,7 +44,8 @@ def cmd_train(args) -> int:
         cfg = TrainExperiment()
     summary = train(cfg, out=args.out, resume=args.resume, source=source,
                     progress=False if args.no_progress else None,
-                    overwrite=args.overwrite)  # fmt: skip
+                    overwrite=args.overwrite,
+                    on_eval=_print_eval if args.no_progress else None)  # fmt: skip
     m = summary.metrics
     shown = {k: round(v, 6) for k, v in m.items() if isinstance(v, float) and k != "lr"}
     if summary.files == [] and summary.complete:
@@ -55,6 +56,13 @@ def cmd_train(args) -> int:
     print(f"itde train ({source}): step {summary.step}, {json.dumps(shown)}")
     print(f"wrote {', '.join(summary.files)} ({summary.wall_s:.1f} s)")
     return 0
+
+
+def _print_eval(row: dict) -> None:
+    """One line per evaluation for `--no-progress` (a log file sees the run advance)."""
+    shown = {k: round(v, 6) for k, v in row.items()
+             if isinstance(v, float) and k not in ("lr", "wall_s", "examples_per_s")}  # fmt: skip
+    print(f"step {row['step']}: {json.dumps(shown)} ({row['wall_s']:.1f} s)", flush=True)
 
 
 def _restore(directory):

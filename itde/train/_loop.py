@@ -42,6 +42,7 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +443,7 @@ def train(
     stop_at: int | None = None,
     progress: bool | None = None,
     overwrite: bool = False,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> TrainResult:
     """Train a model; write `metrics.jsonl`, `loss_curve.png` and checkpoints into `out`.
 
@@ -457,6 +459,8 @@ def train(
       run were killed there; for tests and time-sliced jobs.
     - `progress`: show a tqdm bar (default `cfg.run.progress`).
     - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
+    - `on_eval`: called (on process 0) with each evaluated metrics row as it is logged, e.g.
+      to print progress without a bar (`itde train --no-progress` prints one line each).
 
     **Returns:** a [`TrainResult`][itde.train.TrainResult].
     """
@@ -517,6 +521,8 @@ def train(
             if is_main:
                 with open(out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
+                if evaluating and on_eval is not None:
+                    on_eval(row)
             bar.set_postfix(loss=f"{loss_v:.4g}", ex_s=f"{rate:.0f}")
         if done % r.checkpoint_every == 0 or done == total:
             m = run.meta()
