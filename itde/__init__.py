@@ -146,6 +146,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from .interop._hf_model import (  # noqa: F401
         HFTransformer,
     )
+    from .interop._hf_vit import (  # noqa: F401
+        HFVisionTransformer,
+    )
     from .interop._torch import (  # noqa: F401
         from_torch,
         to_torch,
@@ -216,6 +219,7 @@ _EXPORTS = {
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
     "HFTransformer": ".interop._hf_model",
+    "HFVisionTransformer": ".interop._hf_vit",
     "from_hf": ".interop._hf",
     "to_hf": ".interop._hf",
     "AbstractScoreBias": "._operators._bias",
@@ -317,6 +321,7 @@ __all__ = [
     "RMSNormProjection",
     "Rope",
     "HFTransformer",
+    "HFVisionTransformer",
     "from_hf",
     "to_hf",
     "AbstractScoreBias",

@@ -3,12 +3,30 @@
 from ._hf import HF_FAMILIES, from_hf, hf_float64, to_hf
 from ._hf_family import AbstractHFFamily
 from ._hf_model import HFTransformer
+from ._hf_vit import HFVisionTransformer
+from ._hf_vit_domain import (
+    AbstractImageTokenWeights,
+    AbstractPositionInterpolant,
+    AreaTokenWeights,
+    ClassTokenGrid2D,
+    HFBicubic,
+    KeysCubic,
+    UnitTokenWeights,
+)
 from ._torch import from_torch, to_torch
 
 __all__ = [
     "HF_FAMILIES",
     "AbstractHFFamily",
+    "AbstractImageTokenWeights",
+    "AbstractPositionInterpolant",
+    "AreaTokenWeights",
+    "ClassTokenGrid2D",
+    "HFBicubic",
     "HFTransformer",
+    "HFVisionTransformer",
+    "KeysCubic",
+    "UnitTokenWeights",
     "from_hf",
     "from_torch",
     "hf_float64",

@@ -22,6 +22,7 @@ from ._hf_mistral import MistralFamily
 from ._hf_model import HFTransformer
 from ._hf_neox import GPTNeoXFamily
 from ._hf_qwen2 import Qwen2Family
+from ._hf_vit import ViTFamily
 from ._torch import _torch, check_x64
 
 __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
@@ -37,6 +38,7 @@ for _family in (
     MistralFamily(),
     GemmaFamily(),
     GPTNeoXFamily(),
+    ViTFamily(),
 ):
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
