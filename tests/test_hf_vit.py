@@ -244,6 +244,29 @@ def test_another_patch_size_keeps_the_grid(m64):
     assert _rel(_hf(hf_big, x2[None]), _hf(m64.to_hf(), x[None])) <= 1e-13
 
 
+@pytest.mark.slow
+def test_head_dim_forward():
+    """`qkv_bias=False` and `head_dim` 6 (width 8, two heads): equal to Hugging Face in
+    float64."""
+    config = _config(qkv_bias=False)
+    config.head_dim = 6
+    model = _model(torch.float64, config=config, add_pooling_layer=False, use_mask_token=True)
+    errors = _native_errors(model, itde.from_hf(model))
+    assert max(errors.values()) <= TOL[torch.float64], errors
+
+
+@pytest.mark.slow
+def test_float32_larger_image():
+    """Float32, Hugging Face unpatched (its bicubic in float32) at 12 x 12 and 16 x 8."""
+    model = _model(torch.float32, add_pooling_layer=False)
+    m = itde.from_hf(model)
+    for size in ((12, 12), (16, 8)):
+        x = _images(2, size).astype(np.float32)
+        with torch.no_grad():
+            ref = model(torch.as_tensor(x), interpolate_pos_encoding=True).last_hidden_state
+        assert _rel(RESIZED(m, jnp.asarray(x)), ref.numpy()) <= TOL[torch.float32], size
+
+
 # ---------------------------------------------------------------- refusals and bad input
 def test_fields_cover_vit_config():
     """Every field of `ViTConfig` is one the family reads, refuses or knows to be inert
@@ -270,8 +293,8 @@ def test_unsupported_config_names_the_field(field, value, match):
 
 
 def test_head_dim_and_no_qkv_bias(hf64):
-    """`qkv_bias=False` and a `head_dim` other than width / heads convert exactly (the
-    positions only: no solve is compiled for it, `embed` and one layer's weights)."""
+    """`qkv_bias=False` and a `head_dim` other than width / heads: read (no query bias,
+    heads of 6) and written back exactly; the forward is `test_head_dim_forward` (slow)."""
     config = _config(qkv_bias=False)
     config.head_dim = 6
     model = _model(torch.float64, config=config, add_pooling_layer=False)

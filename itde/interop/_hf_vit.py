@@ -8,39 +8,9 @@ the final `layernorm` its output map. The tokens live on a 2-D token domain
 ([`ClassTokenGrid2D`][itde.interop.ClassTokenGrid2D]): the patch grid on the image and the
 class token beside it.
 
-**Another image size.** The position table's patch rows are samples of a function on the
-unit square at the native patch centres $((i + \frac12)/N_1, (j + \frac12)/N_2)$. A grid of
-$n_1 \times n_2$ patches samples that function at its own centres; Hugging Face's
-`interpolate_pos_encoding=True` (bicubic, `align_corners=False`) samples at those same
-centres. The default view (`HFBicubic()`, `UnitTokenWeights()`) is Hugging Face's, exactly;
-`m.function_view()` (`KeysCubic()`, `AreaTokenWeights()`) differs in:
-
-| | Hugging Face | function view |
-|---|---|---|
-| samples at | the new patch centres | the same |
-| interpolant | cubic convolution, $a = -0.75$ | $a = -\frac12$ (Keys) |
-| its order | 1 | 3 |
-| border half patches | edge samples repeated | edge cubic continued |
-| native grid | square only, integer patch | any |
-| patch token weight | 1 (the domain grows) | its area, $1/(n_1 n_2)$ |
-| class token weight | 1 | one native patch, $1/(N_1 N_2)$ |
-
-With unit weights a larger image is read as showing more (every patch keeps its weight,
-the class token's share of the attention mass falls as the patches multiply), while the
-positions are stretched over it as if it showed the same square: the two halves of Hugging
-Face's reading disagree; the function view reads the same square at every size.
-
-Measured (`pytest tests/test_hf_vit.py -m slow -k measure -s`). Interpolating
-$\sin(2\pi x_1 + 1)\sin(2\pi x_2 + 1)$ from $N \times N$ centres to $2N \times 2N$, max
-error for $N$ = 4, 8, 16, 32: Hugging Face's bicubic 2.5e-1, 1.4e-1, 6.0e-2, 2.8e-2 (first
-order, in the interior too: with $a \ne -\frac12$ it reproduces constants, not lines),
-`KeysCubic` 8.3e-1, 8.1e-2, 9.5e-3, 1.0e-3 (third order; at four samples a period its
-border extrapolation overshoots). A ViT with native 8 x 8 patches, smooth positions and
-random weights, read at 16 x 16 patches: the interpolated position rows are off the
-function by 1.4e-1 (Hugging Face) and 4.8e-2 (`KeysCubic`), relative max; the last hidden
-state against the model given the exact positions by 2.6e-2 and 8.8e-3. The function view
-differs from Hugging Face by 3.4e-2 (class token 5.4e-3, patch tokens 3.4e-2); the
-interpolant alone by 3.4e-2, the token weights alone by 2.5e-2.
+At another image size the positions are sampled at the new patch grid, as Hugging Face
+does or as a function on the image domain: see
+[`HFVisionTransformer`][itde.interop.HFVisionTransformer].
 """
 
 from __future__ import annotations
@@ -92,7 +62,44 @@ class HFVisionTransformer(eqx.Module):
     grid through `interpolant` and weighs the tokens by `token_weights`: by default as
     Hugging Face does (`HFBicubic()`, `UnitTokenWeights()`), exactly;
     [`function_view`][itde.interop.HFVisionTransformer.function_view] reads the image as
-    one domain at every size (see the module's table for what differs, and by how much).
+    one domain at every size.
+
+    **Another image size.** The position table's patch rows are samples of a function on the
+    unit square at the native patch centres $((i + \frac12)/N_1, (j + \frac12)/N_2)$. A grid of
+    $n_1 \times n_2$ patches samples that function at its own centres; Hugging Face's
+    `interpolate_pos_encoding=True` (bicubic, `align_corners=False`) samples at those same
+    centres. The default view (`HFBicubic()`, `UnitTokenWeights()`) is Hugging Face's, exactly;
+    `m.function_view()` (`KeysCubic()`, `AreaTokenWeights()`) differs in:
+
+    | | Hugging Face | function view |
+    |---|---|---|
+    | samples at | the new patch centres | the same |
+    | interpolant | cubic convolution, $a = -0.75$ | $a = -\frac12$ (Keys) |
+    | its order | 1 | 3 |
+    | border half patches | edge samples repeated | edge cubic continued |
+    | native grid | square only, integer patch | any |
+    | patch token weight | 1 (the domain grows) | its area, $1/(n_1 n_2)$ |
+    | class token weight | 1 | one native patch, $1/(N_1 N_2)$ |
+
+    With unit weights a larger image is read as showing more (every patch keeps its weight,
+    the class token's share of the attention mass falls as the patches multiply), while the
+    positions are stretched over it as if it showed the same square: the two halves of Hugging
+    Face's reading disagree; the function view reads the same square at every size. So, for
+    one: an image of constant colour under constant positions gives the same class and patch
+    states at every grid with area weights (the class token's and the patches' total masses
+    are fixed), and states that change with the grid with unit weights.
+
+    Measured (`pytest tests/test_hf_vit.py -m slow -k measure -s`). Interpolating
+    $\sin(2\pi x_1 + 1)\sin(2\pi x_2 + 1)$ from $N \times N$ centres to $2N \times 2N$, max
+    error for $N$ = 4, 8, 16, 32: Hugging Face's bicubic 2.5e-1, 1.4e-1, 6.0e-2, 2.8e-2 (first
+    order, in the interior too: with $a \ne -\frac12$ it reproduces constants, not lines),
+    `KeysCubic` 8.3e-1, 8.1e-2, 9.5e-3, 1.0e-3 (third order; at four samples a period its
+    border extrapolation overshoots). A ViT with native 8 x 8 patches, smooth positions and
+    random weights, read at 16 x 16 patches: the interpolated position rows are off the
+    function by 1.4e-1 (Hugging Face) and 4.8e-2 (`KeysCubic`), relative max; the last hidden
+    state against the model given the exact positions by 2.6e-2 and 8.8e-3. The function view
+    differs from Hugging Face by 3.4e-2 (class token 5.4e-3, patch tokens 3.4e-2); the
+    interpolant alone by 3.4e-2, the token weights alone by 2.5e-2.
 
     **Arguments:**
 
@@ -180,7 +187,7 @@ class HFVisionTransformer(eqx.Module):
         [`KeysCubic`][itde.interop.KeysCubic], tokens weighted by their area
         ([`AreaTokenWeights`][itde.interop.AreaTokenWeights]). Equal to the network at the
         native size; at another size it differs from Hugging Face's interpolation as the
-        module's table states."""
+        class's table states."""
         return dataclasses.replace(self, interpolant=KeysCubic(), token_weights=AreaTokenWeights())
 
     def position_function(self, x: Float[Array, "points 2"]) -> Float[Array, "points features"]:
@@ -378,7 +385,7 @@ class HFVisionTransformer(eqx.Module):
         kwargs["use_mask_token"] = self.mask_token is not None
         with _default_dtype(torch, dtype):
             model = cls(config, **kwargs)
-        self.family.write(self, model)
+        self.family.write(self, model)  # pyright: ignore[reportArgumentType]
         return model.to(dtype).eval()
 
 
@@ -468,7 +475,7 @@ class ViTFamily(AbstractHFFamily):
             config=config_json(config),
         )
 
-    def write(self, m, model):  # pyright: ignore[reportIncompatibleMethodOverride]
+    def write(self, m: Any, model: Any) -> None:
         emb = model.embeddings
         conv = emb.patch_embeddings.projection
         g.put(conv.weight, m.patch_embedding)
