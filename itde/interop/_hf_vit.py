@@ -40,9 +40,11 @@ from ._hf_vit_domain import (
     HFBicubic,
     KeysCubic,
     UnitTokenWeights,
+    check_pixels,
+    patch_overlaps,
     resample,
 )
-from ._torch import _torch
+from ._torch import _torch, _torch_dtype
 
 
 def _pair(v) -> tuple[int, int]:
@@ -230,7 +232,7 @@ class HFVisionTransformer(eqx.Module):
         r"""The initial condition $u(\cdot, \cdot, 0)$ of one image: `[1 + patches,
         features]`, the class token then the patches in raster order."""
         check_bool("interpolate_pos_encoding", interpolate_pos_encoding)
-        x = self._pixels(pixel_values)
+        x = check_pixels(pixel_values, self.n_channels, self.patch_size, self.dtype)
         (c, h, w), (p1, p2) = x.shape, self.patch_size
         n1, n2 = h // p1, w // p2
         patches = x.reshape(c, n1, p1, n2, p2)
@@ -284,34 +286,6 @@ class HFVisionTransformer(eqx.Module):
         (_, h, w), (p1, p2) = np.shape(pixel_values), self.patch_size
         return self.equation_at((h // p1, w // p2))(u0, mask)
 
-    def _pixels(self, x):
-        if type(x).__module__.startswith("torch"):
-            raise TypeError(
-                "`pixel_values` is a torch tensor; convert it first: "
-                "`jnp.asarray(pixel_values.numpy())`."
-            )
-        x = jnp.asarray(x)
-        if x.ndim != 3:
-            raise ValueError(
-                f"`pixel_values` must be one image [channels, height, width], got shape "
-                f"{x.shape}; for a batch use jax.vmap(m)(pixel_values)."
-            )
-        if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
-            raise TypeError(f"`pixel_values` must hold numbers, got dtype {x.dtype}.")
-        (c, h, w), (p1, p2) = x.shape, self.patch_size
-        if c != self.n_channels:
-            raise ValueError(
-                f"`pixel_values` has {c} channels (shape {x.shape}), but the model takes "
-                f"{self.n_channels} (config.num_channels); give [channels, height, width]."
-            )
-        if h < p1 or w < p2 or h % p1 or w % p2:
-            raise ValueError(
-                f"`pixel_values` is {h} x {w}, not a positive multiple of the patch "
-                f"{p1} x {p2} (config.patch_size): the patches must tile the image. Crop or "
-                f"resize it, e.g. to {max(p1, h - h % p1)} x {max(p2, w - w % p2)}."
-            )
-        return x.astype(self.dtype)
-
     def _masked(self, pos, n):
         if self.mask_token is None:
             raise ValueError(
@@ -343,8 +317,8 @@ class HFVisionTransformer(eqx.Module):
         new = _pair(patch_size)
         if min(new) < 1:
             raise ValueError(f"`patch_size`={patch_size!r} must be positive.")
-        o1 = _overlaps(self.patch_size[0], new[0])
-        o2 = _overlaps(self.patch_size[1], new[1])
+        o1 = patch_overlaps(self.patch_size[0], new[0])
+        o2 = patch_overlaps(self.patch_size[1], new[1])
         k = np.einsum("ai,bj,dcij->dcab", o1, o2, np.asarray(self.patch_embedding, np.float64))
         image = (self.grid_size[0] * new[0], self.grid_size[1] * new[1])
         config = self.config
@@ -375,27 +349,20 @@ class HFVisionTransformer(eqx.Module):
             )
         import transformers
 
-        from ._hf import _default_dtype, _torch_dtype
-
         torch = _torch()
         cls = getattr(transformers, self.source)
         config = cls.config_class.from_dict(json.loads(self.config))
         dtype = _torch_dtype(self.dtype)
         kwargs = dict(self.family.build_kwargs(self.source))
         kwargs["use_mask_token"] = self.mask_token is not None
-        with _default_dtype(torch, dtype):
+        old = torch.get_default_dtype()  # built in the model's dtype (its random init too)
+        torch.set_default_dtype(dtype if dtype in (torch.float32, torch.float64) else old)
+        try:
             model = cls(config, **kwargs)
+        finally:
+            torch.set_default_dtype(old)
         self.family.write(self, model)  # pyright: ignore[reportArgumentType]
         return model.to(dtype).eval()
-
-
-def _overlaps(p_old: int, p_new: int) -> np.ndarray:
-    """`[p_new, p_old]`: the share of each old pixel cell inside each new one (on [0, 1])."""
-    a = np.arange(p_new + 1) / p_new
-    b = np.arange(p_old + 1) / p_old
-    lo = np.maximum(a[:-1, None], b[None, :-1])
-    hi = np.minimum(a[1:, None], b[None, 1:])
-    return np.clip(hi - lo, 0.0, None) * p_old
 
 
 class ViTFamily(AbstractHFFamily):
@@ -445,7 +412,7 @@ class ViTFamily(AbstractHFFamily):
                 g.layer_norm(layer.layernorm_before),
                 g.feedforward(layer.mlp.fc1, layer.mlp.fc2, act),
                 g.layer_norm(layer.layernorm_after),
-            )  # fmt: skip
+            )
             for layer in model.layers
         ]
         emb = model.embeddings
@@ -479,8 +446,8 @@ class ViTFamily(AbstractHFFamily):
         emb = model.embeddings
         conv = emb.patch_embeddings.projection
         g.put(conv.weight, m.patch_embedding)
-        if m.patch_bias is not None:
-            g.put(conv.bias, m.patch_bias)
+        bias = m.patch_bias if m.patch_bias is not None else np.zeros(conv.bias.shape)
+        g.put(conv.bias, bias)  # no bias is a zero bias for the Conv2d
         g.put(emb.cls_token, np.asarray(m.class_token)[None, None])
         g.put(emb.position_embeddings, np.asarray(m.position_embeddings)[None])
         if m.mask_token is not None:

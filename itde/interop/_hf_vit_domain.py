@@ -260,3 +260,45 @@ def resample(
     a = jnp.asarray(interpolant.matrix(n1, m1), table.dtype)
     b = jnp.asarray(interpolant.matrix(n2, m2), table.dtype)
     return jnp.einsum("ki,ijd,lj->kld", a, table, b)
+
+
+def patch_overlaps(p_old: int, p_new: int) -> np.ndarray:
+    """`[p_new, p_old]`: the share of each old pixel cell of a patch inside each new one
+    (cells of the unit interval): a kernel constant on the old cells, integrated over the
+    new ones."""
+    a = np.arange(p_new + 1) / p_new
+    b = np.arange(p_old + 1) / p_old
+    lo = np.maximum(a[:-1, None], b[None, :-1])
+    hi = np.minimum(a[1:, None], b[None, 1:])
+    return np.clip(hi - lo, 0.0, None) * p_old
+
+
+def check_pixels(x, n_channels: int, patch_size: tuple[int, int], dtype):
+    """One image `[channels, height, width]` whose patches tile it, in `dtype`, or an error
+    naming `pixel_values`."""
+    if type(x).__module__.startswith("torch"):
+        raise TypeError(
+            "`pixel_values` is a torch tensor; convert it first: "
+            "`jnp.asarray(pixel_values.numpy())`."
+        )
+    x = jnp.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(
+            f"`pixel_values` must be one image [channels, height, width], got shape "
+            f"{x.shape}; for a batch use jax.vmap(m)(pixel_values)."
+        )
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise TypeError(f"`pixel_values` must hold numbers, got dtype {x.dtype}.")
+    (c, h, w), (p1, p2) = x.shape, patch_size
+    if c != n_channels:
+        raise ValueError(
+            f"`pixel_values` has {c} channels (shape {x.shape}), but the model takes "
+            f"{n_channels} (config.num_channels); give [channels, height, width]."
+        )
+    if h < p1 or w < p2 or h % p1 or w % p2:
+        raise ValueError(
+            f"`pixel_values` is {h} x {w}, not a positive multiple of the patch "
+            f"{p1} x {p2} (config.patch_size): the patches must tile the image. Crop or "
+            f"resize it, e.g. to {max(p1, h - h % p1)} x {max(p2, w - w % p2)}."
+        )
+    return x.astype(dtype)
