@@ -112,6 +112,7 @@ def test_native_float64(hf64, m64):
     assert max(errors.values()) <= TOL[torch.float64], errors
     assert isinstance(m64.equation.grid.tokens, ClassTokenGrid2D)
     assert m64.equation.grid.tokens.shape == (2, 2)
+    assert m64.continuum_form() is m64  # pre-norm: its own continuum form
 
 
 def test_native_float32_with_pooler():

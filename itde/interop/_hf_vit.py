@@ -192,6 +192,14 @@ class HFVisionTransformer(eqx.Module):
         class's table states."""
         return dataclasses.replace(self, interpolant=KeysCubic(), token_weights=AreaTokenWeights())
 
+    def continuum_form(self) -> HFVisionTransformer:
+        """The same model with its equation in normalised coordinates
+        ([`TransformerIDE.continuum_form`][itde.TransformerIDE.continuum_form]); a pre-norm
+        ViT is its own continuum form and is returned unchanged."""
+        if not self.equation.block.has_constraint:
+            return self
+        return dataclasses.replace(self, equation=self.equation.continuum_form())
+
     def position_function(self, x: Float[Array, "points 2"]) -> Float[Array, "points features"]:
         r"""The position function $p(x)$ at points `x` of the unit square ($x_1$ down the
         image, $x_2$ across), through `interpolant`: at the native centres, the table."""
