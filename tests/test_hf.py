@@ -322,7 +322,7 @@ def test_to_hf_refuses_what_has_no_module():
         itde.to_hf(m.continuum_form())
     with pytest.raises(ValueError, match=r"no Hugging Face family and config"):
         itde.to_hf(dataclasses.replace(m, family=None))
-    with pytest.raises(TypeError, match=r"`m` must be an itde.HFTransformer"):
+    with pytest.raises(TypeError, match=r"`m` must be a model converted by itde.from_hf"):
         itde.to_hf(m.equation)
 
 

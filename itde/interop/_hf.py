@@ -12,6 +12,9 @@ import contextlib
 import json
 from typing import Any
 
+import equinox as eqx
+import jax
+
 from ._hf_bert import BertFamily, DistilBertFamily
 from ._hf_family import AbstractHFFamily
 from ._hf_gemma import GemmaFamily
@@ -93,20 +96,23 @@ def from_hf(model: Any) -> HFTransformer:
     return family.convert(model, name)
 
 
-def to_hf(m: HFTransformer) -> Any:
+def to_hf(m: Any) -> Any:
     """The Hugging Face model of a converted (and perhaps trained) `m`: the class `m` came
     from, built from its config, with `m`'s weights written in (exactly: a transpose or
     reshape of each parameter), in `m`'s dtype, in eval mode.
 
-    `to_hf(from_hf(model))` has the state of `model`; `save_pretrained` / `from_pretrained`
-    round trip it. `m` must be per-layer (as `from_hf` gives it): a continuum form or a
-    model with continuous controls is refused by name.
+    `m` is any model `from_hf` returns ([`HFTransformer`][itde.HFTransformer], a vision or
+    language-model head model): `to_hf(from_hf(model))` has the state of `model`;
+    `save_pretrained` / `from_pretrained` round trip it. `m` must be per-layer (as `from_hf`
+    gives it): a continuum form or a model with continuous controls is refused by name.
     """
-    if not isinstance(m, HFTransformer):
+    family = getattr(m, "family", None)
+    if not isinstance(m, eqx.Module) or not hasattr(m, "family"):
         raise TypeError(
-            f"`m` must be an itde.HFTransformer (from itde.from_hf), got {type(m).__name__}."
+            f"`m` must be a model converted by itde.from_hf (e.g. an itde.HFTransformer), "
+            f"got {type(m).__name__}."
         )
-    if not isinstance(m.family, AbstractHFFamily) or not m.config:
+    if not isinstance(family, AbstractHFFamily) or not getattr(m, "config", ""):
         raise ValueError(
             "`m` carries no Hugging Face family and config (it was not built by itde.from_hf); "
             "convert the source model with itde.from_hf first."
@@ -116,10 +122,11 @@ def to_hf(m: HFTransformer) -> Any:
     torch = _torch()
     cls = getattr(transformers, m.source)
     config = cls.config_class.from_dict(json.loads(m.config))
-    dtype = _torch_dtype(m.word_embeddings.dtype)
-    with _default_dtype(torch, dtype):
-        model = cls(config, **m.family.build_kwargs(m.source))
-    m.family.write(m, model)
+    floats = jax.tree.leaves(eqx.filter(m, eqx.is_inexact_array))
+    dtype = _torch_dtype(floats[0].dtype)
+    with _default_dtype(torch, dtype):  # built in the model's dtype (its random init too)
+        model = cls(config, **family.build_kwargs(m.source, m))
+    family.write(m, model)
     return model.to(dtype).eval()
 
 

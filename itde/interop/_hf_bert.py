@@ -45,7 +45,7 @@ class BertFamily(AbstractHFFamily):
             "cross-attention reads a second sequence, which the equation does not have.",
         )  # fmt: skip
 
-    def build_kwargs(self, name):
+    def build_kwargs(self, name, m=None):
         return {"add_pooling_layer": False}
 
     def convert(self, model, name):

@@ -60,8 +60,9 @@ class AbstractHFFamily(eqx.Module):
         """Write the weights of `m` into `model`, a freshly built module of `m`'s class and
         config (the inverse of `convert`)."""
 
-    def build_kwargs(self, name: str) -> dict:
-        """Keyword arguments of the model class's constructor besides the config."""
+    def build_kwargs(self, name: str, m: Any = None) -> dict:
+        """Keyword arguments of the model class's constructor besides the config, for
+        `to_hf` of the converted model `m`."""
         return {}
 
     def float64_patches(self) -> tuple[tuple[Any, str, Any], ...]:

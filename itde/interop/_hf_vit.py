@@ -44,7 +44,6 @@ from ._hf_vit_domain import (
     patch_overlaps,
     resample,
 )
-from ._torch import _torch, _torch_dtype
 
 
 def _pair(v) -> tuple[int, int]:
@@ -350,27 +349,9 @@ class HFVisionTransformer(eqx.Module):
         `from_pretrained` round trip it. (The view options, `interpolant` and
         `token_weights`, have no Hugging Face counterpart: its model interpolates as
         `HFBicubic` and weighs as `UnitTokenWeights`.)"""
-        if not isinstance(self.family, AbstractHFFamily) or not self.config:
-            raise ValueError(
-                "`m` carries no Hugging Face family and config (it was not built by "
-                "itde.from_hf); convert the source model with itde.from_hf first."
-            )
-        import transformers
+        from ._hf import to_hf
 
-        torch = _torch()
-        cls = getattr(transformers, self.source)
-        config = cls.config_class.from_dict(json.loads(self.config))
-        dtype = _torch_dtype(self.dtype)
-        kwargs = dict(self.family.build_kwargs(self.source))
-        kwargs["use_mask_token"] = self.mask_token is not None
-        old = torch.get_default_dtype()  # built in the model's dtype (its random init too)
-        torch.set_default_dtype(dtype if dtype in (torch.float32, torch.float64) else old)
-        try:
-            model = cls(config, **kwargs)
-        finally:
-            torch.set_default_dtype(old)
-        self.family.write(self, model)  # pyright: ignore[reportArgumentType]
-        return model.to(dtype).eval()
+        return to_hf(self)
 
 
 class ViTFamily(AbstractHFFamily):
@@ -401,8 +382,9 @@ class ViTFamily(AbstractHFFamily):
                 "image domain; give an image size that is a multiple of the patch size."
             )
 
-    def build_kwargs(self, name):
-        return {"add_pooling_layer": False}
+    def build_kwargs(self, name, m=None):
+        mask = m is not None and getattr(m, "mask_token", None) is not None
+        return {"add_pooling_layer": False, "use_mask_token": mask}
 
     def convert(self, model, name):  # pyright: ignore[reportIncompatibleMethodOverride]
         config = model.config
