@@ -68,27 +68,37 @@ def _lookup(model) -> tuple[str, AbstractHFFamily]:
     )
 
 
-def from_hf(model: Any) -> HFTransformer:
+def from_hf(model: Any) -> Any:
     """Convert a Hugging Face `transformers` model into an equivalent equation.
 
-    Supported: `BertModel`, `RobertaModel`, `DistilBertModel` (post-LN encoders:
-    `block=PostNorm()`; word + position (+ token type) embeddings and their LayerNorm are
-    the initial condition), `GPT2Model` (pre-LN, causal, final `ln_f`) and `LlamaModel`
-    (pre-norm with RMSNorm, RoPE, SwiGLU, grouped-query attention, any `head_dim`,
-    `attention_bias`, `mlp_bias`); the full list is `itde.interop.HF_FAMILIES`. Parameters
-    keep the model's dtype (float32, float64).
+    Supported (`itde.interop.HF_FAMILIES`; what each expresses and its measured error are on
+    the Hugging Face families page of the docs):
 
-    Returns an [`HFTransformer`][itde.HFTransformer] `m` such that for one sequence
-    `m(input_ids, attention_mask=mask)` equals
+    - post-LN encoders `BertModel`, `RobertaModel` (also as decoders, `is_decoder=True`:
+      causal) and `DistilBertModel`: word + position (+ token type) embeddings and their
+      LayerNorm are the initial condition, `block=PostNorm()`;
+    - pre-norm decoders `GPT2Model` (learned positions, final `ln_f`), `LlamaModel`,
+      `MistralModel`, `Qwen2Model`, `GemmaModel` (RMSNorm, rotary positions with the
+      `linear`/`llama3` scalings, gated feed-forward, grouped-query attention) and
+      `GPTNeoXModel` (parallel or sequential block, partial rotary);
+    - `T5EncoderModel` (RMSNorm, the relative position bias as a score bias);
+    - `ViTModel`: the image as a 2-D token domain (an [`HFVisionTransformer`][itde.HFVisionTransformer]);
+    - language-model heads (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...): the base model plus
+      its logits.
+
+    Parameters keep the model's dtype (float32, float64).
+
+    Returns, for a text model, an [`HFTransformer`][itde.HFTransformer] `m` such that for
+    one sequence `m(input_ids, attention_mask=mask)` equals
     `model(input_ids[None], attention_mask=mask[None]).last_hidden_state[0]` on the real
     tokens (dropout off); `jax.vmap(m)` for a batch. The layers are `m.equation`, a
     [`TransformerIDE`][itde.TransformerIDE] whose continuum limit the depth solvers integrate.
     [`to_hf`][itde.interop.to_hf] writes it back.
 
-    A config option the equation cannot express (e.g. relative position embeddings,
-    `rope_scaling`, cross-attention, an activation outside `itde.ACTIVATIONS`), or one the
-    family's converter does not know, raises `ValueError` naming the config field and its
-    value; a model class not listed raises `TypeError` naming it.
+    A config option the equation cannot express (e.g. cross-attention, `rope_type`
+    `"dynamic"`, an activation outside `itde.ACTIVATIONS`), or a set field the family's
+    converter does not know, raises `ValueError` naming the config field and its value; a
+    model class not listed raises `TypeError` naming it.
     """
     name, family = _lookup(model)
     family.check(model, name)
