@@ -18,13 +18,16 @@ from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
 from ._hf_model import HFTransformer
+from ._hf_t5 import T5EncoderFamily
 from ._torch import _torch, check_x64
 
 __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 
 #: The Hugging Face model classes `from_hf` converts, by class name, and their families.
 HF_FAMILIES: dict[str, AbstractHFFamily] = {}
-for _family in (BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily()):
+for _family in (
+    BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), T5EncoderFamily(),
+):  # fmt: skip
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
 
