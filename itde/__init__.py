@@ -143,6 +143,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         from_hf,
         to_hf,
     )
+    from .interop._hf_lm import (  # noqa: F401
+        HFCausalLM,
+    )
     from .interop._hf_model import (  # noqa: F401
         HFTransformer,
     )
@@ -216,6 +219,7 @@ _EXPORTS = {
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
     "HFTransformer": ".interop._hf_model",
+    "HFCausalLM": ".interop._hf_lm",
     "from_hf": ".interop._hf",
     "to_hf": ".interop._hf",
     "AbstractScoreBias": "._operators._bias",
@@ -317,6 +321,7 @@ __all__ = [
     "RMSNormProjection",
     "Rope",
     "HFTransformer",
+    "HFCausalLM",
     "from_hf",
     "to_hf",
     "AbstractScoreBias",

@@ -2,12 +2,15 @@
 
 from ._hf import HF_FAMILIES, from_hf, hf_float64, to_hf
 from ._hf_family import AbstractHFFamily
+from ._hf_lm import CausalLMFamily, HFCausalLM
 from ._hf_model import HFTransformer
 from ._torch import from_torch, to_torch
 
 __all__ = [
     "HF_FAMILIES",
     "AbstractHFFamily",
+    "CausalLMFamily",
+    "HFCausalLM",
     "HFTransformer",
     "from_hf",
     "from_torch",

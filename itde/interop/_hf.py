@@ -17,6 +17,7 @@ from ._hf_family import AbstractHFFamily
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
+from ._hf_lm import CausalLMFamily
 from ._hf_model import HFTransformer
 from ._hf_t5 import T5EncoderFamily
 from ._torch import _torch, check_x64
@@ -27,6 +28,9 @@ __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 HF_FAMILIES: dict[str, AbstractHFFamily] = {}
 for _family in (
     BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), T5EncoderFamily(),
+    # causal language models: the head class, its base family, the base and head attributes
+    CausalLMFamily("GPT2LMHeadModel", GPT2Family(), base="transformer", head="lm_head"),
+    CausalLMFamily("LlamaForCausalLM", LlamaFamily(), base="model", head="lm_head"),
 ):  # fmt: skip
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
