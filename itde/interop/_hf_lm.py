@@ -10,7 +10,6 @@ loss Hugging Face computes from `labels`, and generation compiled once for a fix
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -151,24 +150,6 @@ def _loss_function64(self):
     return loss
 
 
-class _WritesHead(AbstractHFFamily):
-    """Carries an `HFCausalLM` through `to_hf` (which takes an `HFTransformer`): the base
-    model with this as its family writes the whole head model."""
-
-    lm: HFCausalLM
-    classes = ()
-    fields = frozenset()
-
-    def convert(self, model, name):  # pragma: no cover - never registered
-        raise TypeError("_WritesHead only writes.")
-
-    def write(self, m, model):
-        self.lm.family.write(self.lm, model)
-
-    def build_kwargs(self, name):
-        return self.lm.family.build_kwargs(name)
-
-
 class HFCausalLM(eqx.Module):
     r"""A Hugging Face causal language model as an equation and a head: the hidden states
     $u(T)$ of `base` (an [`HFTransformer`][itde.HFTransformer]) mapped to the logits
@@ -241,7 +222,7 @@ class HFCausalLM(eqx.Module):
         `model(input_ids[None], attention_mask=mask[None]).logits[0]` on the real tokens
         (rows of padded tokens are defined but meaningless, as in `HFTransformer`).
 
-        **Arguments:** as [`HFTransformer.__call__`][itde.HFTransformer.__call__]."""
+        **Arguments:** those of calling an [`HFTransformer`][itde.HFTransformer]."""
         return self.project(self.base(input_ids, attention_mask))
 
     def __call__(self, input_ids, attention_mask=None):
@@ -440,13 +421,16 @@ class HFCausalLM(eqx.Module):
 
     # ------------------------------------------------------------------ back to HF
     def to_hf(self) -> Any:
-        """The Hugging Face head model (the class `source` names) with this model's weights,
+        """The Hugging Face head model (the class `source` names, built from the base
+        model's config) with this model's weights written in, in its dtype, in eval mode,
         as [`itde.to_hf`][itde.interop.to_hf] writes a base model: `from_hf(model).to_hf()`
         has `model`'s state; a tied head stays tied."""
-        from ._hf import to_hf
-
-        carrier = dataclasses.replace(self.base, source=self.source, family=_WritesHead(self))
-        return to_hf(carrier)
+        model = g.new_model(
+            self.source, self.base.config, self.base.word_embeddings.dtype,
+            **self.family.build_kwargs(self.source),
+        )  # fmt: skip
+        self.family.write(self, model)
+        return model
 
 
 def _natural(name, value, minimum):
