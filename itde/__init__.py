@@ -143,6 +143,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         from_hf,
         to_hf,
     )
+    from .interop._hf_lm import (  # noqa: F401
+        HFCausalLM,
+    )
     from .interop._hf_model import (  # noqa: F401
         HFTransformer,
     )
@@ -220,6 +223,7 @@ _EXPORTS = {
     "Rope": "._operators._rope",
     "HFTransformer": ".interop._hf_model",
     "HFVisionTransformer": ".interop._hf_vit",
+    "HFCausalLM": ".interop._hf_lm",
     "from_hf": ".interop._hf",
     "to_hf": ".interop._hf",
     "AbstractScoreBias": "._operators._bias",
@@ -322,6 +326,7 @@ __all__ = [
     "Rope",
     "HFTransformer",
     "HFVisionTransformer",
+    "HFCausalLM",
     "from_hf",
     "to_hf",
     "AbstractScoreBias",

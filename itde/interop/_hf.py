@@ -9,22 +9,24 @@ map. Each family is a module in its own file (`_hf_<family>.py`); `HF_FAMILIES` 
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any
 
 import equinox as eqx
 import jax
 
+from . import _hf_glue as g
 from ._hf_bert import BertFamily, DistilBertFamily
 from ._hf_family import AbstractHFFamily
 from ._hf_gemma import GemmaFamily
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
+from ._hf_lm import CausalLMFamily
 from ._hf_mistral import MistralFamily
 from ._hf_model import HFTransformer
 from ._hf_neox import GPTNeoXFamily
 from ._hf_qwen2 import Qwen2Family
+from ._hf_t5 import T5EncoderFamily
 from ._hf_vit import ViTFamily
 from ._torch import _torch, check_x64
 
@@ -33,16 +35,16 @@ __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 #: The Hugging Face model classes `from_hf` converts, by class name, and their families.
 HF_FAMILIES: dict[str, AbstractHFFamily] = {}
 for _family in (
-    BertFamily(),
-    DistilBertFamily(),
-    GPT2Family(),
-    LlamaFamily(),
-    Qwen2Family(),
-    MistralFamily(),
-    GemmaFamily(),
-    GPTNeoXFamily(),
-    ViTFamily(),
-):
+    BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), Qwen2Family(),
+    MistralFamily(), GemmaFamily(), GPTNeoXFamily(), T5EncoderFamily(), ViTFamily(),
+    # causal language models: the head class, its base family, the base and head attributes
+    CausalLMFamily("GPT2LMHeadModel", GPT2Family(), base="transformer", head="lm_head"),
+    CausalLMFamily("LlamaForCausalLM", LlamaFamily(), base="model", head="lm_head"),
+    CausalLMFamily("MistralForCausalLM", MistralFamily(), base="model", head="lm_head"),
+    CausalLMFamily("Qwen2ForCausalLM", Qwen2Family(), base="model", head="lm_head"),
+    CausalLMFamily("GemmaForCausalLM", GemmaFamily(), base="model", head="lm_head"),
+    CausalLMFamily("GPTNeoXForCausalLM", GPTNeoXFamily(), base="gpt_neox", head="embed_out"),
+):  # fmt: skip
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
 
@@ -82,9 +84,11 @@ def from_hf(model: Any) -> Any:
       `linear`/`llama3` scalings, gated feed-forward, grouped-query attention) and
       `GPTNeoXModel` (parallel or sequential block, partial rotary);
     - `T5EncoderModel` (RMSNorm, the relative position bias as a score bias);
-    - `ViTModel`: the image as a 2-D token domain (an [`HFVisionTransformer`][itde.HFVisionTransformer]);
-    - language-model heads (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...): the base model plus
-      its logits.
+    - `ViTModel`: the image as a 2-D token domain (an
+      [`HFVisionTransformer`][itde.HFVisionTransformer]);
+    - causal language models (`GPT2LMHeadModel`, `LlamaForCausalLM`, `MistralForCausalLM`,
+      `Qwen2ForCausalLM`, `GemmaForCausalLM`, `GPTNeoXForCausalLM`): the base model plus its
+      logits, loss and generation (an [`HFCausalLM`][itde.HFCausalLM]).
 
     Parameters keep the model's dtype (float32, float64).
 
@@ -127,34 +131,10 @@ def to_hf(m: Any) -> Any:
             "`m` carries no Hugging Face family and config (it was not built by itde.from_hf); "
             "convert the source model with itde.from_hf first."
         )
-    import transformers
-
-    torch = _torch()
-    cls = getattr(transformers, m.source)
-    config = cls.config_class.from_dict(json.loads(m.config))
     floats = jax.tree.leaves(eqx.filter(m, eqx.is_inexact_array))
-    dtype = _torch_dtype(floats[0].dtype)
-    with _default_dtype(torch, dtype):  # built in the model's dtype (its random init too)
-        model = cls(config, **family.build_kwargs(m.source, m))
+    model = g.new_model(m.source, m.config, floats[0].dtype, **family.build_kwargs(m.source, m))
     family.write(m, model)
-    return model.to(dtype).eval()
-
-
-def _torch_dtype(dtype):
-    from ._torch import _torch_dtype as convert
-
-    return convert(dtype)
-
-
-@contextlib.contextmanager
-def _default_dtype(torch, dtype):
-    old = torch.get_default_dtype()
-    if dtype in (torch.float32, torch.float64):
-        torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+    return model
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """BERT, RoBERTa and DistilBERT: post-LN encoders (`block=PostNorm()`) whose word, position
-(and token type) embeddings and their LayerNorm are the initial condition."""
+(and token type) embeddings and their LayerNorm are the initial condition; BERT and RoBERTa
+also as decoders (`is_decoder=True`: causal self-attention, no cross-attention)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ _BERT_FIELDS = frozenset({
 
 
 class BertFamily(AbstractHFFamily):
-    """`BertModel` and `RobertaModel` (RoBERTa's positions count from `padding_idx + 1`)."""
+    r"""`BertModel` and `RobertaModel` (RoBERTa's positions count from `padding_idx + 1`).
+
+    With `config.is_decoder=True` the self-attention is causal: Hugging Face builds its mask
+    with `create_causal_mask` (key $\le$ query, and not padding), which is the equation's
+    Volterra attention (`causal=True`) with the padding removed from the token domain.
+    Positions stay those of the encoder (`0..N-1`; RoBERTa's from the token ids).
+    Cross-attention (`add_cross_attention=True`) reads a second sequence and is refused."""
 
     classes: ClassVar[tuple[str, ...]] = ("BertModel", "RobertaModel")
     fields: ClassVar[frozenset[str]] = _BERT_FIELDS
@@ -34,11 +41,6 @@ class BertFamily(AbstractHFFamily):
         g.refuse(
             config, "position_embedding_type", lambda v: v in (None, "absolute"),
             f"{name} converts with learned absolute positions only ('absolute').",
-        )  # fmt: skip
-        g.refuse(
-            config, "is_decoder", lambda v: not v,
-            f"the {name} decoder (causal self-attention with a cache) is not converted; use "
-            "the encoder (is_decoder=False).",
         )  # fmt: skip
         g.refuse(
             config, "add_cross_attention", lambda v: not v,
@@ -70,7 +72,7 @@ class BertFamily(AbstractHFFamily):
             position_embeddings=g.a(emb.position_embeddings.weight),
             token_type_embeddings=g.a(emb.token_type_embeddings.weight),
             embedding_norm=g.layer_norm(emb.LayerNorm),
-            equation=g.equation(blocks, causal=False, block=PostNorm()),
+            equation=g.equation(blocks, causal=bool(config.is_decoder), block=PostNorm()),
             positions=RobertaPositions(int(emb.padding_idx)) if roberta else AbsolutePositions(),
             source=name,
             family=self,
@@ -78,6 +80,13 @@ class BertFamily(AbstractHFFamily):
         )
 
     def write(self, m, model):
+        decoder = bool(model.config.is_decoder)
+        if m.equation.causal != decoder:
+            raise ValueError(
+                f"`to_hf`: the itde model's attention is {'' if m.equation.causal else 'not '}"
+                f"causal but its config has is_decoder={decoder}; set `config.is_decoder` to "
+                "match `m.equation.causal`."
+            )
         emb = model.embeddings
         g.put(emb.word_embeddings.weight, m.word_embeddings)
         g.put(emb.position_embeddings.weight, m.position_embeddings)

@@ -151,6 +151,29 @@ def refuse(config, field: str, ok, why: str) -> None:
 
 
 # ------------------------------------------------------------------------ writing
+def new_model(source: str, config: str, dtype, **kwargs):
+    """A freshly built `transformers` model of the class named `source`, from a config kept
+    as JSON, with its parameters created in `dtype` (float32 or float64; others are cast
+    after building), in eval mode: what a family's `write` fills in."""
+    import json
+
+    import transformers
+
+    from ._torch import _torch_dtype
+
+    torch = _torch()
+    cls = getattr(transformers, source)
+    dtype = _torch_dtype(dtype)
+    old = torch.get_default_dtype()
+    if dtype in (torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+    try:
+        model = cls(cls.config_class.from_dict(json.loads(config)), **kwargs)
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(dtype).eval()
+
+
 def layers(m) -> list[Block]:
     """The per-layer blocks of a converted model's equation (its `PiecewiseConstant`
     controls), in depth order, or a named refusal for a continuum model."""

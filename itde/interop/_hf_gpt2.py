@@ -18,8 +18,23 @@ from ._positions import AbsolutePositions
 from ._torch import _np
 
 
+def _layer_divisor(config, i: int) -> int:
+    r"""The divisor folded into layer `i`'s $W^Q$ and query bias: Hugging Face scales the
+    scores of layer `i` by $1/(i+1)$ on top of $1/\sqrt{d_\mathrm{head}}$ when
+    `scale_attn_by_inverse_layer_idx` is set (1 otherwise)."""
+    return i + 1 if config.scale_attn_by_inverse_layer_idx else 1
+
+
 class GPT2Family(AbstractHFFamily):
-    """`GPT2Model` (Conv1D weights stored `[in, out]`; Q, K, V in one `c_attn`)."""
+    """`GPT2Model` (Conv1D weights stored `[in, out]`; Q, K, V in one `c_attn`).
+
+    `scale_attn_by_inverse_layer_idx=True` (scores of layer $i$ scaled by $1/(i+1)$) is
+    folded into that layer's $W^Q$ and query bias (divided by $i+1$), and multiplied back
+    by `to_hf`. Where $i+1$ is not a power of two that division rounds, so those query
+    weights come back within one unit in the last place, not always bit for bit.
+    `reorder_and_upcast_attn=True` computes the same scores in another order and in float32
+    (eager attention only): the same function, converted as it is; a float64 model's
+    reference runs it in float64 inside [`hf_float64`][itde.interop.hf_float64]."""
 
     classes: ClassVar[tuple[str, ...]] = ("GPT2Model",)
     fields: ClassVar[frozenset[str]] = frozenset({
@@ -41,14 +56,6 @@ class GPT2Family(AbstractHFFamily):
             "(scale_attn_weights=True).",
         )  # fmt: skip
         g.refuse(
-            config, "scale_attn_by_inverse_layer_idx", lambda v: not v,
-            "the equation's attention scales scores by 1/sqrt(head_dim) in every layer.",
-        )  # fmt: skip
-        g.refuse(
-            config, "reorder_and_upcast_attn", lambda v: not v,
-            "the converted attention computes in the model's dtype; set it to False.",
-        )  # fmt: skip
-        g.refuse(
             config, "add_cross_attention", lambda v: not v,
             "cross-attention reads a second sequence, which the equation does not have.",
         )  # fmt: skip
@@ -58,11 +65,14 @@ class GPT2Family(AbstractHFFamily):
         act = g.activation("activation_function", config.activation_function)
         h = config.num_attention_heads
         blocks = []
-        for layer in model.h:
+        for i, layer in enumerate(model.h):
             c_attn = _np(layer.attn.c_attn.weight)  # Conv1D: [features, 3 * features]
             b_attn = _np(layer.attn.c_attn.bias)
             wq, wk, wv = np.split(c_attn, 3, axis=1)
             bq, bk, bv = np.split(b_attn, 3)
+            k = _layer_divisor(config, i)
+            if k != 1:  # one correctly rounded division
+                wq, bq = wq / np.asarray(k, wq.dtype), bq / np.asarray(k, bq.dtype)
             mlp = layer.mlp
             blocks.append(
                 Block(
@@ -105,11 +115,14 @@ class GPT2Family(AbstractHFFamily):
         g.put(model.wte.weight, m.word_embeddings)
         g.put(model.wpe.weight, m.position_embeddings)
         g.put_layer_norm(m.equation.final_norm, model.ln_f)
-        for block, layer in zip(g.layers(m), model.h, strict=True):
+        for i, (block, layer) in enumerate(zip(g.layers(m), model.h, strict=True)):
             at, mlp = block.attention, layer.mlp
-            flat = [g.heads_flat_in(w) for w in (at.wq, at.wk, at.wv)]
+            k = _layer_divisor(model.config, i)  # exact in float64, then rounded once by `put`
+            flat = [g.heads_flat_in(w).astype(np.float64) for w in (at.wq, at.wk, at.wv)]
+            flat[0] = flat[0] * k
             g.put(layer.attn.c_attn.weight, np.concatenate(flat, axis=1))
             biases = [np.asarray(b).reshape(-1) for b in (at.bq, at.bk, at.bv)]
+            biases[0] = biases[0].astype(np.float64) * k
             g.put(layer.attn.c_attn.bias, np.concatenate(biases))
             g.put(layer.attn.c_proj.weight, np.asarray(at.wo).reshape(-1, at.wo.shape[-1]))
             g.put(layer.attn.c_proj.bias, at.bo)
@@ -120,3 +133,25 @@ class GPT2Family(AbstractHFFamily):
             g.put(mlp.c_proj.weight, ff.w2)
             g.put(mlp.c_proj.bias, ff.b2)
             g.put_layer_norm(block.norm2, layer.ln_2)
+
+    def float64_patches(self):
+        from transformers.models.gpt2 import modeling_gpt2
+
+        attention = modeling_gpt2.GPT2Attention
+        reordered = _reordered_float64
+        reordered.original = attention._upcast_and_reordered_attn
+        return ((attention, "_upcast_and_reordered_attn", reordered),)
+
+
+def _reordered_float64(self, query, key, value, attention_mask=None):
+    """GPT-2's `reorder_and_upcast_attn` eager attention computing in the input's dtype when
+    it is float64 (Hugging Face casts the scores to float32)."""
+    import torch
+
+    if query.dtype != torch.float64:
+        return _reordered_float64.original(self, query, key, value, attention_mask)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.nn.functional.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2), weights

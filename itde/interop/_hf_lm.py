@@ -1,0 +1,468 @@
+r"""Causal language models: a converted base model and its linear head onto the vocabulary.
+
+A Hugging Face `...ForCausalLM` (`GPT2LMHeadModel`, `LlamaForCausalLM`) is a base model
+(`transformer`, `model`) and a linear head (`lm_head`), tied to the word embeddings or not.
+[`CausalLMFamily`][itde.interop.CausalLMFamily] converts one such class through the base
+model's family; [`HFCausalLM`][itde.interop.HFCausalLM] holds the converted base (an
+[`HFTransformer`][itde.HFTransformer], unchanged) and the head, and gives the logits, the
+loss Hugging Face computes from `labels`, and generation compiled once for a fixed length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._operators._precision import contract, wide
+from .._roles import kernel
+from . import _hf_glue as g
+from ._hf_family import AbstractHFFamily
+from ._hf_model import HFTransformer
+
+IGNORE = -100  # Hugging Face's `ignore_index` for labels
+
+# Config fields that change the logits but not the hidden states, with the value that
+# switches each off: a head family must not ignore them (Gemma 2's soft-capping, Cohere's
+# logit scale, Granite's logit divisor).
+_HEAD_OPTIONS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+
+class CausalLMFamily(AbstractHFFamily):
+    """A `...ForCausalLM` class: the base model at attribute `base`, converted by
+    `base_family`, and a linear head (`nn.Linear`, with or without bias, tied to the base
+    model's input embeddings or not) at attribute `head`.
+
+    A family's causal language model is one line of `itde.interop.HF_FAMILIES`' registry:
+
+        CausalLMFamily("LlamaForCausalLM", LlamaFamily(), base="model", head="lm_head")
+
+    **Arguments:**
+
+    - `name`: the `transformers` class it converts.
+    - `base_family`: the family of the base model (its config is the head model's).
+    - `base`: the attribute of the head model holding the base model.
+    - `head`: the attribute holding the head.
+    """
+
+    name: str = eqx.field(static=True)
+    base_family: AbstractHFFamily
+    base: str = eqx.field(static=True, default="model")
+    head: str = eqx.field(static=True, default="lm_head")
+
+    @property
+    def classes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.name,)
+
+    @property
+    def fields(self) -> frozenset[str]:  # type: ignore[override]
+        return self.base_family.fields
+
+    def check(self, model, name):
+        super().check(model, name)
+        base = getattr(model, self.base)
+        self.base_family.check(base, type(base).__name__)
+        for field, off in _HEAD_OPTIONS.items():
+            g.refuse(
+                model.config, field, lambda v, off=off: v is None or v == off,
+                f"the head's logits would be changed by it, which {name} converts without; "
+                f"it must be {off!r}.",
+            )  # fmt: skip
+
+    def convert(self, model, name) -> HFCausalLM:
+        base = getattr(model, self.base)
+        m = self.base_family.convert(base, type(base).__name__)
+        if not m.equation.causal:
+            raise ValueError(
+                f"{name}'s base model is not causal (its config's `is_decoder` is off); a "
+                "causal language model needs causal attention."
+            )
+        head = getattr(model, self.head)
+        tied = head.weight is base.get_input_embeddings().weight
+        return HFCausalLM(
+            base=m,
+            head=None if tied else g.a(head.weight),
+            head_bias=g.a(head.bias),
+            source=name,
+            family=self,
+        )
+
+    def write(self, m, model):
+        if not isinstance(m, HFCausalLM):
+            raise TypeError(f"`m` must be an itde.interop.HFCausalLM, got {type(m).__name__}.")
+        base = getattr(model, self.base)
+        self.base_family.write(m.base, base)
+        head = getattr(model, self.head)
+        if head.weight is base.get_input_embeddings().weight:  # tied in Hugging Face
+            if m.head is not None and not np.array_equal(m.head, m.base.word_embeddings):
+                raise ValueError(
+                    "`to_hf`: the itde model's head differs from its word embeddings, but its "
+                    "config ties them (`config.tie_word_embeddings`=True); set it to False "
+                    "to write an untied head."
+                )
+        else:
+            g.put(head.weight, m.base.word_embeddings if m.head is None else m.head)
+        if (m.head_bias is None) != (head.bias is None):
+            raise ValueError(
+                f"`to_hf`: the itde head has {'no' if m.head_bias is None else 'a'} bias where "
+                f"{m.source}'s `{self.head}` has {'one' if head.bias is not None else 'none'}."
+            )
+        if head.bias is not None:
+            g.put(head.bias, m.head_bias)
+
+    def float64_patches(self):
+        import transformers
+
+        loss = (getattr(transformers, self.name), "loss_function", property(_loss_function64))
+        return (*self.base_family.float64_patches(), loss)
+
+
+def _loss_function64(self):
+    """The head model's loss function, computing Hugging Face's causal-LM loss in float64
+    for float64 logits (its `ForCausalLMLoss` casts them to float32 first)."""
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss, fixed_cross_entropy
+    from transformers.modeling_utils import PreTrainedModel
+
+    original = PreTrainedModel.loss_function.fget(self)  # type: ignore[union-attr]
+
+    def loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=IGNORE,
+             shift_labels=None, **kwargs):  # fmt: skip
+        if logits.dtype != torch.float64 or original is not ForCausalLMLoss:
+            return original(
+                logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
+                ignore_index=ignore_index, shift_labels=shift_labels, **kwargs,
+            )  # fmt: skip
+        if shift_labels is None:
+            labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:].contiguous()
+        return fixed_cross_entropy(
+            logits.view(-1, vocab_size), shift_labels.view(-1).to(logits.device),
+            num_items_in_batch, ignore_index, **kwargs,
+        )  # fmt: skip
+
+    return loss
+
+
+class HFCausalLM(eqx.Module):
+    r"""A Hugging Face causal language model as an equation and a head: the hidden states
+    $u(T)$ of `base` (an [`HFTransformer`][itde.HFTransformer]) mapped to the logits
+    $u(T)\,W^\top + b$ over the vocabulary. Built by [`from_hf`][itde.from_hf] from a
+    `...ForCausalLM` (`GPT2LMHeadModel`, `LlamaForCausalLM`).
+
+    - `logits(input_ids, attention_mask)` (one sequence): `[tokens, vocab]`, Hugging Face's
+      `model(...).logits[0]` on the real tokens;
+    - `loss(input_ids, attention_mask, labels)` (a batch) and `perplexity`: Hugging Face's
+      `model(..., labels=labels).loss` and its exponential;
+    - `generate` and `generate_stream`: greedy or sampled continuation of a prompt,
+      compiled once for a fixed length and streamed as it is drawn;
+    - `to_hf()`: the Hugging Face model again (a tied head stays tied).
+
+    **Arguments:**
+
+    - `base`: the converted base model.
+    - `head`: the head's weight `[vocab, features]` (Hugging Face's `lm_head.weight`), or
+      None when it is tied to `base.word_embeddings` (then it is that same parameter, in
+      training too).
+    - `head_bias`: `[vocab]`, or None.
+    - `source`: the converted class's name (`to_hf` builds it again).
+    - `family`: the [`CausalLMFamily`][itde.interop.CausalLMFamily] that converted it.
+    """
+
+    base: HFTransformer
+    head: Float[Array, "vocab features"] | None = kernel(default=None)
+    head_bias: Float[Array, " vocab"] | None = None
+    source: str = eqx.field(static=True, default="")
+    family: Any = None
+
+    def __check_init__(self):
+        if not isinstance(self.base, HFTransformer):
+            raise TypeError(
+                f"`base` must be an itde.HFTransformer, got {type(self.base).__name__}."
+            )
+        d = self.base.word_embeddings.shape[1]
+        if self.head is not None and tuple(self.head.shape[1:]) != (d,):
+            raise ValueError(
+                f"`head` must have shape [vocab, {d}] (the base model's features), got "
+                f"{tuple(self.head.shape)}."
+            )
+        n = self.vocab_size
+        if self.head_bias is not None and tuple(self.head_bias.shape) != (n,):
+            raise ValueError(f"`head_bias` must have shape ({n},), got {self.head_bias.shape}.")
+
+    @property
+    def config(self) -> str:
+        """The source model's config as JSON (the base model keeps it), for `to_hf`."""
+        return self.base.config
+
+    @property
+    def tied(self) -> bool:
+        """Whether the head is the word embeddings."""
+        return self.head is None
+
+    @property
+    def vocab_size(self) -> int:
+        w = self.base.word_embeddings if self.head is None else self.head
+        return int(w.shape[0])
+
+    # ------------------------------------------------------------------ logits
+    def project(self, h: Float[Array, "*tokens features"]) -> Float[Array, "*tokens vocab"]:
+        """The head applied to hidden states: $h\\,W^\\top + b$, in `h`'s dtype."""
+        w = self.base.word_embeddings if self.head is None else self.head
+        out = contract("...d,vd->...v", h, w)
+        return out if self.head_bias is None else out + self.head_bias.astype(out.dtype)
+
+    def logits(
+        self,
+        input_ids: Int[Array, " tokens"],
+        attention_mask: Int[Array, " tokens"] | None = None,
+    ) -> Float[Array, "tokens vocab"]:
+        """The logits of one sequence, `[tokens, vocab]`, equal to Hugging Face's
+        `model(input_ids[None], attention_mask=mask[None]).logits[0]` on the real tokens
+        (rows of padded tokens are defined but meaningless, as in `HFTransformer`).
+
+        **Arguments:** those of calling an [`HFTransformer`][itde.HFTransformer]."""
+        return self.project(self.base(input_ids, attention_mask))
+
+    def __call__(self, input_ids, attention_mask=None):
+        """The logits of one sequence (the same as [`logits`][itde.interop.HFCausalLM.logits])."""
+        return self.logits(input_ids, attention_mask)
+
+    # ------------------------------------------------------------------ loss
+    def loss(
+        self,
+        input_ids: Int[Array, "batch tokens"],
+        attention_mask: Int[Array, "batch tokens"] | None = None,
+        labels: Int[Array, "batch tokens"] | None = None,
+    ) -> Float[Array, ""]:
+        """The mean next-token cross-entropy of a batch (or of one sequence `[tokens]`).
+
+        As Hugging Face's `model(input_ids, attention_mask=mask, labels=labels).loss`: the
+        logits of token $t$ predict the label of token $t+1$ (the labels are shifted inside),
+        labels equal to -100 are ignored, and the mean is over every counted target of the
+        batch. Computed in the logits' dtype, at least float32.
+
+        **Arguments:**
+
+        - `input_ids`: `[batch, tokens]` (or `[tokens]`).
+        - `attention_mask`: 1 on real tokens, 0 on padding; None: all real.
+        - `labels`: the targets, -100 where ignored; None: `input_ids`.
+
+        A target counts only when the token that predicts it is real too: with
+        `attention_mask`, the targets after a padded token are ignored (with left padding,
+        Hugging Face would count the first real token, predicted from a padded row, whose
+        logits carry no meaning; give it label -100 there for the same number). Labels
+        outside `[0, vocab)` other than -100 raise `ValueError`.
+        """
+        ids = jnp.asarray(input_ids)
+        one = ids.ndim == 1
+        if one:
+            ids = ids[None]
+        if ids.ndim != 2:
+            raise ValueError(
+                f"`input_ids` must be [batch, tokens] or [tokens], got shape {ids.shape}."
+            )
+        mask = None if attention_mask is None else jnp.asarray(attention_mask)
+        labels = ids if labels is None else jnp.asarray(labels)
+        for what, x in (("attention_mask", mask), ("labels", labels)):
+            if x is not None and (x[None] if one else x).shape != ids.shape:
+                raise ValueError(
+                    f"`{what}` must have the shape of `input_ids` {tuple(np.shape(input_ids))}, "
+                    f"got {tuple(x.shape)}."
+                )
+        if one:
+            mask = None if mask is None else mask[None]
+            labels = labels[None]
+        if not jnp.issubdtype(labels.dtype, jnp.integer):
+            raise TypeError(f"`labels` must hold integer ids, got dtype {labels.dtype}.")
+        vocab = self.vocab_size
+        if not isinstance(labels, jax.core.Tracer):
+            bad = (np.asarray(labels) != IGNORE) & (
+                (np.asarray(labels) < 0) | (np.asarray(labels) >= vocab)
+            )
+            if bad.any():
+                raise ValueError(
+                    f"`labels` holds ids outside [0, {vocab}) other than -100 (ignored), e.g. "
+                    f"{int(np.asarray(labels)[bad][0])}."
+                )
+        h = self.base.batch(ids, mask)
+        logp = jax.nn.log_softmax(self.project(h[:, :-1]).astype(wide(h.dtype)), axis=-1)
+        target = labels[:, 1:]
+        count = target != IGNORE
+        if mask is not None:
+            real = mask.astype(bool)
+            count = count & real[:, :-1] & real[:, 1:]
+        picked = jnp.take_along_axis(logp, jnp.where(count, target, 0)[..., None], axis=-1)
+        nll = -jnp.sum(jnp.where(count, picked[..., 0], 0.0))
+        return nll / jnp.sum(count)
+
+    def perplexity(self, input_ids, attention_mask=None, labels=None) -> Float[Array, ""]:
+        """$e^{\\text{loss}}$: the exponential of [`loss`][itde.interop.HFCausalLM.loss]
+        (same arguments)."""
+        return jnp.exp(self.loss(input_ids, attention_mask, labels))
+
+    # ------------------------------------------------------------------ generation
+    def generate_stream(
+        self,
+        prompt_ids: Int[Array, " prompt"],
+        max_new_tokens: int,
+        *,
+        key: PRNGKeyArray | None = None,
+        temperature: float = 1.0,
+        eos_token_id: int | None = None,
+        max_length: int | None = None,
+        chunk: int = 16,
+    ) -> Iterator[np.ndarray]:
+        """The tokens drawn after `prompt_ids`, yielded in pieces of at most `chunk` tokens
+        as they are drawn (the prompt itself is not yielded).
+
+        One compiled program draws a piece (a `jax.lax.fori_loop` over its tokens; each
+        token is the causal model run on a window of `max_length` tokens, the prompt and the
+        tokens drawn so far followed by filler the causal attention never reads): it is
+        compiled once per model and `max_length`, whatever the prompt, the number of tokens,
+        the key or the temperature, and never per token.
+
+        **Arguments:**
+
+        - `prompt_ids`: `[prompt]` token ids, at least one.
+        - `max_new_tokens`: how many tokens to draw, >= 0.
+        - `key`: a JAX random key: sample from $\\mathrm{softmax}(\\text{logits} / T)$;
+          token $i$ uses `jax.random.fold_in(key, i)`. None: greedy (the most likely token,
+          as Hugging Face's `generate(do_sample=False)`).
+        - `temperature`: $T > 0$ when sampling; 0 is greedy.
+        - `eos_token_id`: stop after drawing this token (it is yielded); None: draw
+          `max_new_tokens`.
+        - `max_length`: the window length the program is compiled for (default: prompt
+          plus `max_new_tokens`); fix it to reuse one compilation across prompts. At most
+          the model's position limit.
+        - `chunk`: tokens drawn per call of the compiled program (part of what it is
+          compiled for).
+        """
+        prompt, n_new, window_len = self._check_generate(
+            prompt_ids, max_new_tokens, key, temperature, eos_token_id, max_length, chunk
+        )
+        window = np.zeros((window_len,), np.int32)
+        window[: prompt.shape[0]] = prompt
+        window, filled = jnp.asarray(window), jnp.asarray(prompt.shape[0], jnp.int32)
+        greedy = key is None or temperature == 0
+        key = jax.random.key(0) if key is None else key
+        temp = jnp.asarray(0.0 if greedy else temperature, jnp.float32)
+        done = 0
+        while done < n_new:
+            n = min(chunk, n_new - done)
+            window, filled, out = _draw(
+                self, window, filled, key, temp, jnp.asarray(done, jnp.int32),
+                jnp.asarray(n, jnp.int32), chunk,
+            )  # fmt: skip
+            piece = np.asarray(out[:n])
+            if eos_token_id is not None and (piece == eos_token_id).any():
+                yield piece[: int(np.argmax(piece == eos_token_id)) + 1]
+                return
+            yield piece
+            done += n
+
+    def generate(self, prompt_ids, max_new_tokens, **kwargs) -> np.ndarray:
+        """The prompt followed by the drawn tokens, `[prompt + new]` (arguments as
+        [`generate_stream`][itde.interop.HFCausalLM.generate_stream]); greedy equals Hugging
+        Face's `generate(prompt_ids[None], do_sample=False, max_new_tokens=...)[0]`."""
+        pieces = list(self.generate_stream(prompt_ids, max_new_tokens, **kwargs))
+        return np.concatenate([np.asarray(prompt_ids, np.int32).reshape(-1), *pieces])
+
+    def _check_generate(self, prompt_ids, max_new_tokens, key, temperature, eos, max_length,
+                        chunk):  # fmt: skip
+        if not self.base.equation.causal:
+            raise ValueError("generation needs a causal model; this base model is not causal.")
+        if type(prompt_ids).__module__.startswith("torch"):
+            raise TypeError(
+                "`prompt_ids` is a torch tensor; convert it first: `np.asarray(prompt_ids)`."
+            )
+        prompt = np.asarray(prompt_ids)
+        vocab = self.base.word_embeddings.shape[0]
+        if prompt.ndim != 1 or prompt.shape[0] == 0 or not np.issubdtype(prompt.dtype, np.integer):
+            raise ValueError(
+                f"`prompt_ids` must be one non-empty sequence of integer ids [prompt], got "
+                f"shape {prompt.shape} and dtype {prompt.dtype}."
+            )
+        if ((prompt < 0) | (prompt >= vocab)).any():
+            raise ValueError(f"`prompt_ids` holds ids outside [0, {vocab}).")
+        _natural("max_new_tokens", max_new_tokens, 0)
+        _natural("chunk", chunk, 1)
+        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+                and math.isfinite(temperature) and temperature >= 0):  # fmt: skip
+            raise ValueError(
+                f"`temperature`={temperature!r} must be a finite number >= 0 (0 = greedy)."
+            )
+        if key is None and temperature not in (0, 1.0):
+            raise ValueError(
+                f"`temperature`={temperature!r} without a `key` would be ignored (no key: "
+                "greedy); pass `key=jax.random.key(seed)` to sample."
+            )
+        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, (int, np.integer))
+                                or not 0 <= eos < self.vocab_size):  # fmt: skip
+            raise ValueError(
+                f"`eos_token_id`={eos!r} must be None or a token id in [0, {self.vocab_size})."
+            )
+        need = prompt.shape[0] + max_new_tokens
+        length = need if max_length is None else _natural("max_length", max_length, 1)
+        if length < need:
+            raise ValueError(
+                f"`max_length`={length} is shorter than the prompt ({prompt.shape[0]} tokens) "
+                f"plus `max_new_tokens` ({max_new_tokens}); give at least {need}."
+            )
+        limit = self.base.max_tokens
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"the window of {length} tokens (prompt plus `max_new_tokens`, or "
+                f"`max_length`) is longer than the {limit} positions this {self.source} takes; "
+                "shorten the prompt or draw fewer tokens."
+            )
+        return prompt.astype(np.int32), max_new_tokens, length
+
+    # ------------------------------------------------------------------ back to HF
+    def to_hf(self) -> Any:
+        """The Hugging Face head model (the class `source` names, built from the base
+        model's config) with this model's weights written in, in its dtype, in eval mode,
+        as [`itde.to_hf`][itde.interop.to_hf] writes a base model: `from_hf(model).to_hf()`
+        has `model`'s state; a tied head stays tied."""
+        from ._hf import to_hf
+
+        return to_hf(self)
+
+
+def _natural(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}`={value!r} must be an integer >= {minimum}.")
+    return int(value)
+
+
+@eqx.filter_jit
+def _draw(lm, window, filled, key, temperature, start, n, chunk: int):
+    return _draw_traced(lm, window, filled, key, temperature, start, n, chunk)
+
+
+@eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
+def _draw_traced(lm, window, filled, key, temperature, start, n, chunk):
+    """Draw `n <= chunk` tokens after the `filled` tokens of `window`; token `i` of the
+    whole generation (`i = start + j`) uses `fold_in(key, i)`. The model is causal, so the
+    filler after position `filled - 1` does not reach it."""
+
+    def body(j, carry):
+        window, filled, out = carry
+        h = lm.base(window)[filled - 1]
+        logits = lm.project(h)
+        logits = logits.astype(wide(logits.dtype))
+        greedy = jnp.argmax(logits).astype(jnp.int32)
+        drawn = jax.random.categorical(
+            jax.random.fold_in(key, start + j), logits / jnp.maximum(temperature, 1e-6)
+        ).astype(jnp.int32)
+        tok = jnp.where(temperature > 0, drawn, greedy)
+        return window.at[filled].set(tok), filled + 1, out.at[j].set(tok)
+
+    out = jnp.zeros((chunk,), jnp.int32)
+    return jax.lax.fori_loop(0, n, body, (window, filled, out))
