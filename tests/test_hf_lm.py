@@ -281,3 +281,43 @@ def test_head_options_the_head_would_ignore_are_refused():
     model.config.logit_scale = 0.5
     with pytest.raises(ValueError, match=r"`config\.logit_scale`=0\.5"):
         itde.from_hf(model)
+
+
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        ("MistralForCausalLM", tf.MistralConfig),
+        ("Qwen2ForCausalLM", tf.Qwen2Config),
+        ("GemmaForCausalLM", tf.GemmaConfig),
+        ("GPTNeoXForCausalLM", tf.GPTNeoXConfig),
+    ],
+)
+def test_every_registered_causal_lm_gives_hugging_faces_logits(cls, config):
+    """The heads of the rotary families are one registry line each: their logits equal
+    Hugging Face's (float64, padding none/right/left), and to_hf gives the head class back
+    with the same state."""
+    sizes = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
+                 max_position_embeddings=16, **COMMON)  # fmt: skip
+    if config is not tf.GPTNeoXConfig:
+        sizes.update(num_key_value_heads=1, head_dim=4)
+    if config is tf.MistralConfig:
+        sizes.update(sliding_window=None)
+    c = config(**sizes)
+    c._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(tf, cls)(c)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5) if p.ndim > 1 else p.add_(0.3 * torch.randn_like(p))
+    model = model.to(torch.float64).eval()
+    lm = itde.from_hf(model)
+    assert isinstance(lm, itde.HFCausalLM)
+    ours = np.asarray(jax.vmap(lm.logits)(jnp.asarray(IDS), jnp.asarray(MASKS)))
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = model(torch.as_tensor(IDS), attention_mask=torch.as_tensor(MASKS)).logits.numpy()
+    real = MASKS == 1
+    assert np.max(np.abs(ours[real] - ref[real])) <= 1e-10 * np.max(np.abs(ref[real]))
+    back = itde.to_hf(lm)
+    assert type(back) is type(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k

@@ -43,7 +43,7 @@ for _family in (
     CausalLMFamily("MistralForCausalLM", MistralFamily(), base="model", head="lm_head"),
     CausalLMFamily("Qwen2ForCausalLM", Qwen2Family(), base="model", head="lm_head"),
     CausalLMFamily("GemmaForCausalLM", GemmaFamily(), base="model", head="lm_head"),
-    CausalLMFamily("GPTNeoXForCausalLM", GPTNeoXFamily(), base="gpt_neox", head="embed_out"),
+    CausalLMFamily("GPTNeoXForCausalLM", GPTNeoXFamily(), base="gpt_neox", head="lm_head"),
 ):  # fmt: skip
     for _name in _family.classes:
         HF_FAMILIES[_name] = _family
