@@ -225,7 +225,7 @@ _EXPORTS = {
     "HFVisionTransformer": ".interop._hf_vit",
     "HFCausalLM": ".interop._hf_lm",
     "from_hf": ".interop._hf",
-    "to_hf": ".interop._hf",
+    "to_hf": ".interop._hf_export",
     "AbstractScoreBias": "._operators._bias",
     "ALiBi": "._operators._bias",
     "DiscreteBias": "._operators._bias",

@@ -430,7 +430,7 @@ class HFCausalLM(eqx.Module):
         model's config) with this model's weights written in, in its dtype, in eval mode,
         as [`itde.to_hf`][itde.interop.to_hf] writes a base model: `from_hf(model).to_hf()`
         has `model`'s state; a tied head stays tied."""
-        from ._hf import to_hf
+        from ._hf_export import to_hf
 
         return to_hf(self)
 

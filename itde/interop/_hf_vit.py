@@ -349,7 +349,7 @@ class HFVisionTransformer(eqx.Module):
         `from_pretrained` round trip it. (The view options, `interpolant` and
         `token_weights`, have no Hugging Face counterpart: its model interpolates as
         `HFBicubic` and weighs as `UnitTokenWeights`.)"""
-        from ._hf import to_hf
+        from ._hf_export import to_hf
 
         return to_hf(self)
 
