@@ -220,7 +220,6 @@ def _configured(family, **fields):
 @pytest.mark.parametrize(
     "family, field, value",
     [
-        ("bert", "position_embedding_type", "relative_key"),
         ("bert", "add_cross_attention", True),
         ("roberta", "add_cross_attention", True),
         ("bert", "hidden_act", "gelu_fast"),
@@ -354,3 +353,14 @@ def test_is_causal_false_is_not_read_as_off():
     config.is_causal = False
     with pytest.raises(ValueError, match=r"`config\.is_causal`=False is not a field GPT2Family"):
         itde.from_hf(cls(config))
+
+
+def test_position_embedding_type_is_inert_in_transformers_5():
+    """`position_embedding_type="relative_key"` was refused, yet transformers 5's BertModel
+    ignores it: the model converts and equals Hugging Face's."""
+    model = _configured("bert", position_embedding_type="relative_key").double()
+    ids = _ids("bert")[:1]
+    with torch.no_grad():
+        ref = model(torch.as_tensor(ids)).last_hidden_state[0].numpy()
+    out = np.asarray(itde.from_hf(model)(jnp.asarray(ids[0])))
+    assert np.max(np.abs(out - ref)) <= 1e-10 * np.max(np.abs(ref))

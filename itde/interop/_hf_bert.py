@@ -16,7 +16,10 @@ from ._positions import AbsolutePositions, RobertaPositions
 _BERT_FIELDS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-    "layer_norm_eps", "is_decoder", "add_cross_attention", "position_embedding_type",
+    "layer_norm_eps", "is_decoder", "add_cross_attention",
+    # transformers 5's BertModel and RobertaModel no longer read it (learned absolute
+    # positions whatever its value): inert, as the outputs show (test_hf)
+    "position_embedding_type",
     # dropout and heads outside the base model leave the hidden states unchanged
     "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
     "tie_word_embeddings",
@@ -38,10 +41,6 @@ class BertFamily(AbstractHFFamily):
     def check(self, model, name):
         super().check(model, name)
         config = model.config
-        g.refuse(
-            config, "position_embedding_type", lambda v: v in (None, "absolute"),
-            f"{name} converts with learned absolute positions only ('absolute').",
-        )  # fmt: skip
         g.refuse(
             config, "add_cross_attention", lambda v: not v,
             "cross-attention reads a second sequence, which the equation does not have.",
