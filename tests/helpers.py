@@ -24,3 +24,19 @@ if _uncovered:
         "tests/helpers.py: give each its exact polynomial degree (EXACT_DEGREE) or the "
         "reason it has none (NOT_POLYNOMIAL_EXACT)."
     )
+
+
+def spread_hf_weights(model):
+    """Move a Hugging Face model's weights away from their initialisation, in place (the
+    current torch seed): matrices drawn with std 0.5, vectors shifted by N(0, 0.3²). With
+    HF's std 0.02 every block is close to the identity and a comparison nearly trivial.
+    Returns the model."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim > 1:
+                p.normal_(0.0, 0.5)
+            else:
+                p.add_(0.3 * torch.randn_like(p))
+    return model

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from helpers import spread_hf_weights
 
 import itde
 from itde.interop import _hf_lm
@@ -45,12 +46,7 @@ def _model(name, dtype, seed=0):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim > 1:
-                p.normal_(0.0, 0.5)
-            else:
-                p.add_(0.3 * torch.randn_like(p))
+    spread_hf_weights(model)
     return model.to(dtype).eval()
 
 
@@ -306,9 +302,7 @@ def test_every_registered_causal_lm_gives_hugging_faces_logits(cls, config):
     c._attn_implementation = "eager"
     torch.manual_seed(0)
     model = getattr(tf, cls)(c)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5) if p.ndim > 1 else p.add_(0.3 * torch.randn_like(p))
+    spread_hf_weights(model)
     model = model.to(torch.float64).eval()
     lm = itde.from_hf(model)
     assert isinstance(lm, itde.HFCausalLM)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from helpers import spread_hf_weights
 
 import itde
 
@@ -59,12 +60,7 @@ def _model(name, dtype, seed=0):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config, **kwargs)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim > 1:
-                p.normal_(0.0, 0.5)
-            else:
-                p.add_(0.3 * torch.randn_like(p))
+    spread_hf_weights(model)
     return model.to(dtype).eval()
 
 

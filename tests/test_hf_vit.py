@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from helpers import spread_hf_weights
 
 import itde
 from itde.interop import (
@@ -49,12 +50,7 @@ def _config(**fields):
 def _model(dtype, seed=0, config=None, **kwargs):
     torch.manual_seed(seed)
     model = tf.ViTModel(config or _config(), **kwargs)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim > 1:
-                p.normal_(0.0, 0.5)
-            else:
-                p.add_(0.3 * torch.randn_like(p))
+    spread_hf_weights(model)
     return model.to(dtype).eval()
 
 
