@@ -149,9 +149,7 @@ class TransformerIDE(AbstractEquation):
     causal: bool = eqx.field(static=True, default=False)
     block: AbstractBlockForm = eqx.field(default=PostNorm(), converter=as_block_form)
     final_norm: AbstractNorm | None = None
-    attention_core: AbstractAttentionCore = eqx.field(
-        default=Dense(), converter=as_attention_core
-    )
+    attention_core: AbstractAttentionCore = eqx.field(default=Dense(), converter=as_attention_core)
     batch_axis: int = eqx.field(static=True, default=0)
     rope: Rope | None = None
     score_bias: AbstractScoreBias | None = None
@@ -301,8 +299,10 @@ class TransformerIDE(AbstractEquation):
         rope = None
         if rope_base is not None:
             hd = blocks[0].attention.head_dim
-            if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not (
-                math.isfinite(rope_base) and rope_base > 0
+            if (
+                isinstance(rope_base, bool)
+                or not isinstance(rope_base, (int, float))
+                or not (math.isfinite(rope_base) and rope_base > 0)
             ):
                 raise ValueError(
                     f"`rope_base`={rope_base!r} must be a positive finite number (the RoPE "
