@@ -71,9 +71,10 @@ def _reference(q, k, v, x, length, causal, lw=None, weights=None, bias=None):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("grid", ["unit", "gauss-legendre"])
 def test_cores_equal_the_direct_sum(core, causal, grid):
-    """Each core with a window, token weights, a padded key (weight 0), per-query weights and
-    a score bias equals the direct sum; on Gauss-Legendre nodes the band is not the same at
-    every query (the fused core then takes it as a bias, not `local_window_size`)."""
+    """Each core with a window, token weights, padded keys (weight 0; a query whose window
+    holds only those gets 0), per-query weights and a score bias equals the direct sum; on
+    Gauss-Legendre nodes the band is not the same at every query (the fused core then takes
+    it as a bias, not `local_window_size`)."""
     q, k, v = _inputs()
     x = _nodes(grid)
     length = 3.0 if grid == "unit" else 1.3
@@ -81,7 +82,7 @@ def test_cores_equal_the_direct_sum(core, causal, grid):
     assert (band.offsets() is None) == (grid != "unit")
     rng = np.random.default_rng(1)
     lw = np.log(rng.uniform(0.5, 2.0, N))
-    lw[4] = -np.inf  # a padded key
+    lw[:4] = -np.inf  # padded keys: on the unit grid the first queries read none
     weights = rng.uniform(0.2, 2.0, (N, N))
     bias = rng.normal(size=(2, N, N))
     got = jax.jit(lambda q, k, v, lw, weights, bias: CORES[core](
