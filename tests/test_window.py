@@ -430,6 +430,8 @@ def test_blocked_core_evaluates_only_the_blocks_that_meet_the_window(causal):
         plain = jax.make_jaxpr(lambda q: blocked_attention(q, q, q, block_size=64))(q).jaxpr
         assert sorted(_scan_lengths(plain)) == [nb, nb]
     assert counts[2048] <= 2.1 * counts[1024]  # linear, not quadratic (x4)
+    nb = 1024 // 64  # without a window: every block (causal: those at or before the query's)
+    assert _evaluated_blocks(1024, 64, None, causal) == (nb * (nb + 1) // 2 if causal else nb**2)
     assert key_block_plan(2048, 64, causal, None)[3] == 2048 // 64
 
 
