@@ -305,7 +305,8 @@ def test_window_is_the_same_length_on_a_refined_grid(causal):
     )
     fine = coarse.on_grid(grid(24))
     assert fine.window == coarse.window
-    for model, n in ((coarse, 12), (fine, 24)):
+    # (the coarse grid is the unit grid's case, which Mistral's test covers: slow only here)
+    for model, n in ((coarse, 12), (fine, 24)) if not causal else ((fine, 24),):
         i = np.arange(n)
         d = i[:, None] - i[None, :]  # x_i - x_p = d * 12 / n exactly (the nodes round off)
         want = (np.abs(d) * 12 < 3 * n) & ((d >= 0) | (not causal))
@@ -316,14 +317,14 @@ def test_window_is_the_same_length_on_a_refined_grid(causal):
 
 
 def test_equation_keeps_the_window_and_every_core_agrees():
-    """A causal pre-norm model with RoPE, ALiBi and a window on a non-unit grid (spacing 1/2:
-    Volterra weights), left-padded: the attention field is the same in the three cores and
-    the window changes it; the continuum form keeps the window; `batch` is the model on
-    each sequence."""
+    """A causal post-norm model with RoPE, ALiBi and a window on a non-unit grid (spacing
+    1/2: Volterra weights), left-padded: the attention field is the same in the three cores
+    (`test_batch_keeps_the_window`, slow, shows the window changes the solution); the
+    continuum form (its norms folded) keeps the window."""
     grid = itde.Grid(itde.Midpoint(interval=(0.0, 7.0)), itde.Midpoint(), 8)
     base = itde.TransformerIDE.init(
-        jax.random.key(0), n_layers=1, n_features=8, n_heads=2, block="pre_norm", norm="rms",
-        causal=True, rope_base=100.0, grid=grid, window=itde.SlidingWindow(2.5),
+        jax.random.key(0), n_layers=1, n_features=8, n_heads=2, causal=True, rope_base=100.0,
+        grid=grid, window=itde.SlidingWindow(2.5),
     )  # fmt: skip
     model = itde.TransformerIDE(
         base.controls, grid, causal=True, block=base.block, rope=base.rope,
@@ -343,9 +344,8 @@ def test_equation_keeps_the_window_and_every_core_agrees():
     }
     np.testing.assert_allclose(outs["blocked"], outs["dense"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(outs["fused"], outs["dense"], rtol=0, atol=1e-5)
-    plain = np.asarray(field(_with_window(model, None), u[1], mask[1]))
-    assert np.max(np.abs(plain - outs["dense"])[3:]) > 1e-2  # on the real tokens
-    assert model.continuum_form().window == model.window
+    form = model.continuum_form()
+    assert form.readout is not None and form.window == model.window
 
 
 @pytest.mark.slow  # two solves compiled (4 s); `batch` maps the same equation's fields
