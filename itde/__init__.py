@@ -88,6 +88,10 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._operators._rope import (  # noqa: F401
         Rope,
     )
+    from ._operators._window import (  # noqa: F401
+        SlidingWindow,
+        TokenBand,
+    )
     from ._quadrature._domain import (  # noqa: F401
         AbstractTokenDomain,
     )
@@ -221,6 +225,8 @@ _EXPORTS = {
     "GatedFeedForward": "._operators._feedforward",
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
+    "SlidingWindow": "._operators._window",
+    "TokenBand": "._operators._window",
     "HFTransformer": ".interop._hf_model",
     "HFVisionTransformer": ".interop._hf_vit",
     "HFCausalLM": ".interop._hf_lm",
@@ -344,4 +350,6 @@ __all__ = [
     "FeatureAffine",
     "continuum_form",
     "DepthStepWarning",
+    "SlidingWindow",
+    "TokenBand",
 ]

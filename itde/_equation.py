@@ -33,6 +33,7 @@ from ._operators._cores import AbstractAttentionCore, Dense, as_attention_core
 from ._operators._feedforward import check_activation
 from ._operators._mask import key_mask
 from ._operators._rope import Rope
+from ._operators._window import SlidingWindow
 from ._quadrature._rules import AbstractQuadrature, Grid
 from ._solve import TERMS_KINDS, solve
 
@@ -120,6 +121,12 @@ class TransformerIDE(AbstractEquation):
       of the token positions ([`ALiBi`][itde.ALiBi], [`T5RelativeBias`][itde.T5RelativeBias])
       sampled at the grid's token nodes at every evaluation, or a fixed
       [`DiscreteBias`][itde.DiscreteBias] `[heads, N, N]` (one token count only).
+    - `window`: sliding-window attention ([`SlidingWindow(length)`][itde.SlidingWindow]):
+      a query at $x$ reads the keys at $|x - \tilde x| < L$ only, $0 \le x - \tilde x < L$
+      with `causal` (on the unit grid `SlidingWindow(W)` with `causal=True` is Mistral's
+      `sliding_window = W`). $L$ is a length on the token domain, so it is the same
+      interval on every grid ([`on_grid`][] keeps it); needs a 1-D token rule. Every
+      attention core takes it; the blocked one skips the key blocks outside it.
     - `attention_core`: how attention's token quadrature is evaluated:
       [`Dense()`][itde.Dense] (default), [`Blocked(block_size)`][itde.Blocked] (token
       blocks, memory linear in the number of tokens, same result to round-off) or
@@ -142,13 +149,12 @@ class TransformerIDE(AbstractEquation):
     causal: bool = eqx.field(static=True, default=False)
     block: AbstractBlockForm = eqx.field(default=PostNorm(), converter=as_block_form)
     final_norm: AbstractNorm | None = None
-    attention_core: AbstractAttentionCore = eqx.field(
-        default=Dense(), converter=as_attention_core
-    )
+    attention_core: AbstractAttentionCore = eqx.field(default=Dense(), converter=as_attention_core)
     batch_axis: int = eqx.field(static=True, default=0)
     rope: Rope | None = None
     score_bias: AbstractScoreBias | None = None
     readout: FeatureAffine | None = None
+    window: SlidingWindow | None = None
 
     def __check_init__(self):
         if not isinstance(self.controls, AbstractControls):
@@ -187,6 +193,18 @@ class TransformerIDE(AbstractEquation):
                 raise ValueError(
                     "`rope` rotates by a 1-D token position; this grid's token domain is "
                     f"{type(self.grid.tokens).__name__}. Use a 1-D token rule (e.g. Midpoint())."
+                )
+        if self.window is not None:
+            if not isinstance(self.window, SlidingWindow):
+                raise TypeError(
+                    f"`window`={self.window!r} must be an itde.SlidingWindow(length) or None; "
+                    "e.g. window=itde.SlidingWindow(4096.0) for Mistral's sliding_window = 4096."
+                )
+            if not isinstance(self.grid.tokens, AbstractQuadrature):
+                raise ValueError(
+                    "`window` is a length on a 1-D token domain; this grid's token domain is "
+                    f"{type(self.grid.tokens).__name__}. Use a 1-D token rule (e.g. "
+                    "Midpoint()), or window=None."
                 )
         if self.batch_axis not in (0, 1) or isinstance(self.batch_axis, bool):
             raise ValueError(
@@ -232,6 +250,7 @@ class TransformerIDE(AbstractEquation):
         head_dim: int | None = None,
         rope_base: float | None = None,
         final_norm: bool = False,
+        window: SlidingWindow | None = None,
         dtype=None,
     ) -> TransformerIDE:
         """A model with random discrete per-layer controls (PyTorch's initialisation).
@@ -242,7 +261,8 @@ class TransformerIDE(AbstractEquation):
         or its name `"layer"`, `"rms"`),
         `gated` (SwiGLU/GeGLU feed-forward), `n_kv_heads` (grouped-query attention),
         `head_dim`, `rope_base` (rotary positions with that base, e.g. 10000.0; None: no
-        RoPE), `final_norm` (a final normalisation of the same kind, identity-initialised).
+        RoPE), `final_norm` (a final normalisation of the same kind, identity-initialised),
+        `window` (sliding-window attention, e.g. `itde.SlidingWindow(256.0)`).
         For example a small Llama: `block=itde.PreNorm(), norm="rms", gated=True,
         activation="silu", bias=False, rope_base=10000.0, final_norm=True, causal=True`.
         """
@@ -279,8 +299,10 @@ class TransformerIDE(AbstractEquation):
         rope = None
         if rope_base is not None:
             hd = blocks[0].attention.head_dim
-            if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not (
-                math.isfinite(rope_base) and rope_base > 0
+            if (
+                isinstance(rope_base, bool)
+                or not isinstance(rope_base, (int, float))
+                or not (math.isfinite(rope_base) and rope_base > 0)
             ):
                 raise ValueError(
                     f"`rope_base`={rope_base!r} must be a positive finite number (the RoPE "
@@ -300,6 +322,7 @@ class TransformerIDE(AbstractEquation):
             final_norm=blocks[0].norm2 if final_norm else None,
             block=block,
             rope=rope,
+            window=window,
         )
 
     # ----------------------------------------------------------------- properties
@@ -330,6 +353,12 @@ class TransformerIDE(AbstractEquation):
         x, _ = self.grid.tokens.nodes_weights(u.shape[0])
         return self.rope.cos_sin(x, u.dtype)
 
+    def _window(self, u):
+        if self.window is None:
+            return None
+        x, _ = self.grid.tokens.nodes_weights(u.shape[0])
+        return self.window.on_nodes(x)
+
     def _score_bias(self, u):
         if self.score_bias is None:
             return None
@@ -358,6 +387,7 @@ class TransformerIDE(AbstractEquation):
             key_mask=args,
             rotary=self._rotary(u),
             score_bias=self._score_bias(u),
+            window=self._window(u),
             **volterra,
         )
         if self.controls.blocks.affine1 is not None:

@@ -17,6 +17,7 @@ from ._cores import AbstractAttentionCore, Dense
 from ._mask import key_mask as _key_mask
 from ._precision import contract
 from ._rope import rotate
+from ._window import TokenBand
 
 
 def _weighted(u, weights):
@@ -51,7 +52,9 @@ class Attention(AbstractAttention):
 
     **Positions and masks** (keywords of `__call__`): `rotary` rotates queries and keys by
     their token positions ([`Rope`][itde.Rope]); `key_mask` removes keys from the token
-    domain (padding), as quadrature weights that vanish on them.
+    domain (padding), as quadrature weights that vanish on them; `window` restricts each
+    query to the keys within a length $L$ of it (sliding-window attention,
+    [`SlidingWindow`][itde.SlidingWindow]).
 
     Parameters are stored per head: `wq` of shape `[heads, features, head_dim]`, `wk`
     `[kv_heads, features, head_dim]`, `wv` `[kv_heads, features, value_dim]`, `wo`
@@ -219,6 +222,7 @@ class Attention(AbstractAttention):
         core: AbstractAttentionCore = Dense(),
         key_mask: Bool[Array, " tokens"] | None = None,
         rotary: tuple[Array, Array] | None = None,
+        window: TokenBand | None = None,
     ) -> Float[Array, "tokens features"]:
         """Apply $A$ to one sequence.
 
@@ -245,6 +249,10 @@ class Attention(AbstractAttention):
           `causal`) gets attention output 0 (`bo` only).
         - `rotary`: `(cos, sin)` from [`Rope.cos_sin`][itde.Rope.cos_sin] at the token
           positions: queries and keys are rotated by them before the score.
+        - `window`: the keys each query reads, a [`TokenBand`][itde.TokenBand]
+          ([`SlidingWindow(length).on_nodes(nodes)`][itde.SlidingWindow.on_nodes] at the
+          token nodes): sliding-window attention, $|x - \\tilde x| < L$ (with `causal`,
+          $0 \\le x - \\tilde x < L$). `None`: every key.
         """
         dtype = u.dtype
         uw = _weighted(u, feature_weights)
@@ -270,6 +278,9 @@ class Attention(AbstractAttention):
                 )
             lw = jnp.zeros((u.shape[0],), dtype) if lw is None else lw
             lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, dtype))
+        # the window is passed only when there is one: a core written before windows still
+        # serves every model without one
+        extra = {} if window is None else {"window": window}
         o = core(
             q,
             k,
@@ -279,6 +290,7 @@ class Attention(AbstractAttention):
             score_bias=score_bias,
             signed_weights=signed_weights,
             causal=causal,
+            **extra,
         )
         out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
         if self.bo is not None:

@@ -12,6 +12,9 @@ Two more pair terms ride on the same mechanism, in every core:
 
 - `score_bias` $b_{mkp}$, added to the score (ALiBi, T5-style relative bias, a discrete
   `[heads, tokens, tokens]` bias, or $-\infty$ to mask a pair);
+- `window`, a [`TokenBand`][itde.TokenBand] (a [`SlidingWindow`][itde.SlidingWindow]
+  bound to the token nodes): query $k$ reads only the keys of its band, the kernel's
+  compact support; the blocked core skips every key block outside it;
 - `query_weights` $W_{kp}$, per-query quadrature weights (the partial-interval weights
   of causal attention at quadrature order, see `itde.volterra_weights`), so that
   $o_{mk} = \sum_p W_{kp} e^{s_{mkp}} v_{mp} / \sum_p W_{kp} e^{s_{mkp}}$.
@@ -43,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
+
+from ._window import TokenBand
 
 
 def _is_function(x) -> bool:
@@ -81,6 +86,21 @@ def _check_signed(signed_weights, query_weights):
         raise ValueError("`signed_weights=True` needs `query_weights`; pass them or drop it.")
 
 
+def _check_window(window, n):
+    if window is None:
+        return
+    if not isinstance(window, TokenBand):
+        raise TypeError(
+            f"`window`={window!r} must be an itde.TokenBand, the window bound to the token "
+            "nodes: `itde.SlidingWindow(length).on_nodes(nodes)`, or None."
+        )
+    if window.n_tokens != n:
+        raise ValueError(
+            f"`window` was bound to {window.n_tokens} token nodes but the sequence has {n} "
+            "tokens; bind it to this sequence's nodes."
+        )
+
+
 def _check(
     q,
     k,
@@ -90,6 +110,7 @@ def _check(
     query_weights=None,
     score_bias=None,
     signed_weights=False,
+    window=None,
 ):
     if q.ndim != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2] or v.ndim != 3:
         raise ValueError(
@@ -109,9 +130,10 @@ def _check(
     _check_pair("query_weights", query_weights, [(n, n)], n)
     _check_pair("score_bias", score_bias, [(n, n), (1, n, n), (h, n, n)], n)
     _check_signed(signed_weights, query_weights)
+    _check_window(window, n)
 
 
-def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, causal):
+def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, causal, window):
     r"""Add the pair terms to a block of scores `s` `[heads, bq, bk]` and mask it.
 
     Returns `(s, w)`: the scores with $-\infty$ where a pair is excluded, and the signed
@@ -128,6 +150,8 @@ def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, caus
             w = None
     if causal:  # added, not selected: XLA:CPU then fuses the whole dense core into one kernel
         s = s + jnp.where(iq[:, None] >= ik[None, :], 0.0, -jnp.inf).astype(s.dtype)
+    if window is not None:
+        s = s + jnp.where(window(iq, ik), 0.0, -jnp.inf).astype(s.dtype)
     return s, w
 
 
@@ -146,6 +170,7 @@ def dense_attention(
     score_bias=None,
     signed_weights: bool = False,
     causal: bool = False,
+    window: TokenBand | None = None,
     block_size: int | None = None,
 ) -> Float[Array, "heads tokens value_dim"]:
     r"""Softmax attention with the full score matrix (memory $O(N^2)$ per head).
@@ -165,10 +190,12 @@ def dense_attention(
       `[heads or 1, len(query_index), len(key_index)]` (`None`: 0).
     - `signed_weights`: the `query_weights` may be negative (multiplicative path).
     - `causal`: keep only keys $p \le k$ for query $k$.
+    - `window`: keep only the keys of query $k$'s band (a [`TokenBand`][itde.TokenBand],
+      from [`SlidingWindow.on_nodes`][itde.SlidingWindow.on_nodes]; `None`: every key).
 
     **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
-    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights)
+    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights, window)
     n = q.shape[1]
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
     idx = jnp.arange(n)
@@ -184,6 +211,7 @@ def dense_attention(
         score_bias=score_bias,
         signed_weights=signed_weights,
         causal=causal,
+        window=window,
     )
     # The shift of a row with no admissible key (all scores -inf) is the lowest finite
     # number, so that its exponentials are 0 and not NaN. No `where` on the row maximum or
@@ -214,6 +242,7 @@ def blocked_attention(
     score_bias=None,
     signed_weights: bool = False,
     causal: bool = False,
+    window: TokenBand | None = None,
     block_size: int | None = 512,
 ) -> Float[Array, "heads tokens value_dim"]:
     r"""Softmax attention by blocks of tokens with an online softmax (linear memory).
@@ -224,8 +253,16 @@ def blocked_attention(
     maximum $m$, the running sum $\ell = \sum_p W_{kp} e^{s_p - m}$ and the running
     $\sum_p W_{kp} e^{s_p - m} v_p$, rescaling them by $e^{m_\text{old} - m_\text{new}}$
     when the maximum grows; the output is the last divided by $\ell$. This is the same
-    sum as [`dense_attention`][] in another order (equal to round-off). In the causal
-    form, key blocks wholly after the query block are skipped (`jax.lax.cond`).
+    sum as [`dense_attention`][] in another order (equal to round-off).
+
+    **Skipped blocks.** Which key blocks a query block needs is known when the
+    computation is traced: in the causal form those at or before it, with a `window`
+    those that meet its band. The scan runs over the longest such run of key blocks
+    only (a window of length $L$ on a grid of spacing $h$: about $2L/(hB) + 2$ blocks,
+    or $L/(hB) + 2$ causal, whatever $N$), starting where each query block's run
+    starts, and a key block of that run outside the query block's range is skipped
+    (`jax.lax.cond`). So with a fixed window the time is linear in $N$, not quadratic.
+
     Pair terms given as functions are evaluated one block at a time; given as arrays,
     their blocks are gathered (the array itself is $O(N^2)$).
 
@@ -240,7 +277,9 @@ def blocked_attention(
 
     **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
-    _check(q, k, v, token_log_weights, block_size, query_weights, score_bias, signed_weights)
+    _check(
+        q, k, v, token_log_weights, block_size, query_weights, score_bias, signed_weights, window
+    )
     h, n, e = q.shape
     ev = v.shape[-1]
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
@@ -257,6 +296,9 @@ def blocked_attention(
     vb = jnp.pad(v, ((0, 0), (0, pad), (0, 0))).reshape(h, nb, bs, ev).transpose(1, 0, 2, 3)
     bb = bias.reshape(nb, bs)
     offsets = jnp.arange(bs)
+    lo, hi, start, span = key_block_plan(n, bs, causal, window)
+    every = bool(np.all(lo == start) and np.all(hi == start + span - 1))  # nothing to skip
+    lo, hi, start = (jnp.asarray(a, jnp.int32) for a in (lo, hi, start))
 
     @jax.checkpoint
     def query_block(args):
@@ -279,6 +321,7 @@ def blocked_attention(
                     score_bias=score_bias,
                     signed_weights=signed_weights,
                     causal=causal,
+                    window=window,
                 )
                 # The shift cancels in acc / ell, so it carries no gradient.
                 m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))
@@ -291,10 +334,10 @@ def blocked_attention(
                 acc = alpha[..., None] * acc + jnp.einsum("hqk,hke->hqe", p, vj)
                 return m_new, ell, acc
 
-            if causal:
-                carry = jax.lax.cond(j <= i, update, lambda c: c, carry)
-            else:
+            if every:
                 carry = update(carry)
+            else:  # a key block of the run that this query block does not need
+                carry = jax.lax.cond((j >= lo[i]) & (j <= hi[i]), update, lambda c: c, carry)
             return carry, None
 
         init = (
@@ -302,11 +345,38 @@ def blocked_attention(
             jnp.zeros((h, bs), dtype),
             jnp.zeros((h, bs, ev), dtype),
         )
-        (_, ell, acc), _ = jax.lax.scan(step, init, (jnp.arange(nb), kb, vb, bb))
+        if span == nb:
+            xs = (jnp.arange(nb), kb, vb, bb)
+        else:  # the run of `span` key blocks from this query block's first
+            s0 = start[i]
+            xs = (s0 + jnp.arange(span),) + tuple(
+                jax.lax.dynamic_slice_in_dim(a, s0, span, axis=0) for a in (kb, vb, bb)
+            )
+        (_, ell, acc), _ = jax.lax.scan(step, init, xs)
         return acc / jnp.where(ell != 0, ell, 1.0)[..., None]
 
     out = jax.lax.map(query_block, (jnp.arange(nb), qb))  # [nb, h, bs, ev]
     return out.transpose(1, 0, 2, 3).reshape(h, nb * bs, ev)[:, :n]
+
+
+def key_block_plan(
+    n: int, block_size: int, causal: bool, window: TokenBand | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Which key blocks each query block of [`blocked_attention`][] evaluates.
+
+    **Returns:** `(lo, hi, start, span)`: query block $i$ needs key blocks `lo[i]` to
+    `hi[i]`; the scan visits the `span` blocks from `start[i]` (the longest run, shifted
+    to stay inside the tokens) and evaluates those in `[lo[i], hi[i]]`."""
+    bs = min(block_size, n)
+    nb = -(-n // bs)
+    if window is None:
+        lo = np.zeros(nb, np.int64)
+        hi = np.arange(nb) if causal else np.full(nb, nb - 1)
+    else:
+        lo, hi = window.key_blocks(bs, causal)
+    span = int(np.max(hi - lo + 1))
+    start = np.minimum(lo, nb - span)
+    return lo, hi, start, span
 
 
 def fused_attention(
@@ -319,6 +389,7 @@ def fused_attention(
     score_bias=None,
     signed_weights: bool = False,
     causal: bool = False,
+    window: TokenBand | None = None,
     block_size: int | None = None,
     implementation: str | None = None,
 ) -> Float[Array, "heads tokens head_dim"]:
@@ -335,9 +406,28 @@ def fused_attention(
     A query with no admissible key gets output 0 (its bias row is replaced by 0 before
     the call and its output zeroed after, so the gradients stay finite).
 
+    **Window.** A band that is the same at every query (an equispaced grid:
+    [`TokenBand.offsets`][itde.TokenBand.offsets] is `(behind, ahead)`) goes in as
+    `local_window_size=(behind, ahead)` (`(behind, 0)` when causal), whose inclusive
+    bounds $k - \text{behind} \le p \le k + \text{ahead}$ are the band's; cuDNN reads it
+    as its sliding window of `behind + 1` keys. cuDNN has no window that reaches ahead
+    (JAX: "cuDNN doesn't support right window"): a non-causal window with
+    `implementation="cudnn"` raises. Any other band (Gauss–Legendre nodes) is added to
+    the bias as $-\infty$ outside it.
+
     **Returns:** `[heads, tokens, head_dim]`.
     """
-    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights)
+    _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights, window)
+    local = None if window is None else window.offsets()
+    if local is not None:
+        local = (local[0], 0) if causal else local
+        if implementation == "cudnn" and local[1] > 0:
+            raise ValueError(
+                "`fused_attention`: a non-causal `window` reaches ahead of the query by "
+                f"{local[1]} tokens, which cuDNN's sliding window cannot express (it reads "
+                "only keys before the query); use implementation=None or 'xla', or the "
+                "itde.Dense() / itde.Blocked() core."
+            )
     if signed_weights:
         raise ValueError(
             "`fused_attention` cannot take signed `query_weights` (`signed_weights=True`): "
@@ -354,7 +444,8 @@ def fused_attention(
     bias = None
     if token_log_weights is not None:
         bias = token_log_weights.astype(dtype)[None, None, :]  # [heads, T, S]
-    if query_weights is not None or score_bias is not None:
+    band = None if local is not None else window  # a band of no fixed offsets: as a bias
+    if query_weights is not None or score_bias is not None or band is not None:
         idx = jnp.arange(n)
         pair, _ = _scores(
             jnp.zeros((1, n, n), dtype),
@@ -365,6 +456,7 @@ def fused_attention(
             score_bias=score_bias,
             signed_weights=False,
             causal=False,
+            window=band,
         )
         bias = pair if bias is None else bias + pair
     keep = None
@@ -372,11 +464,20 @@ def fused_attention(
         ok = jnp.isfinite(bias)
         if causal:
             ok = ok & jnp.tril(jnp.ones((n, n), dtype=bool))
+        if local is not None:
+            ok = ok & window(jnp.arange(n), jnp.arange(n))[None]
         keep = jnp.any(ok, axis=-1)  # [heads or 1, T]: the row has an admissible key
         bias = jnp.where(keep[..., None], bias, 0.0)[None]  # [B, heads, T, S]
     t = lambda a: jnp.swapaxes(a, 0, 1)[None]  # noqa: E731  [heads, T, e] -> [1, T, heads, e]
     out = jax.nn.dot_product_attention(
-        t(q), t(k), t(v), bias, scale=1.0, is_causal=causal, implementation=implementation
+        t(q),
+        t(k),
+        t(v),
+        bias,
+        scale=1.0,
+        is_causal=causal,
+        local_window_size=local,
+        implementation=implementation,
     )
     out = jnp.swapaxes(out[0], 0, 1)
     if keep is not None:

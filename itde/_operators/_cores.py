@@ -19,12 +19,14 @@ from jaxtyping import Array, Float
 
 from .._checks import check_int, check_variant
 from ._blocked import blocked_attention, dense_attention, fused_attention
+from ._window import TokenBand
 
 
 class AbstractAttentionCore(eqx.Module):
     r"""The evaluation of the attention quadrature for queries, keys and values
     `[heads, tokens, size]` (queries already scaled), the token log-weights, per-query
-    weights, a score bias and the causal (Volterra) restriction.
+    weights, a score bias, the causal (Volterra) restriction and a sliding window (a
+    [`TokenBand`][itde.TokenBand]: the keys each query reads).
 
     `signed_weights`: whether the core can take signed per-query weights (the
     partial-interval weights of a causal rule of order above 2)."""
@@ -43,8 +45,11 @@ class AbstractAttentionCore(eqx.Module):
         score_bias=None,
         signed_weights: bool = False,
         causal: bool = False,
+        window: TokenBand | None = None,
     ) -> Float[Array, "heads tokens value_dim"]:
-        """The attention output `[heads, tokens, value_dim]`."""
+        """The attention output `[heads, tokens, value_dim]`. (`window` is passed only
+        when there is one, so a core written before windows existed still runs every
+        model without one.)"""
 
 
 class Dense(AbstractAttentionCore):
@@ -60,7 +65,9 @@ class Blocked(AbstractAttentionCore):
     r"""Token blocks of `block_size` with an online softmax (FlashAttention's running
     maximum and sum): memory $O(N\,B)$ per head for $N$ tokens and block size $B$, the same
     result as [`Dense`][itde.Dense] to round-off (see
-    [`blocked_attention`][itde.blocked_attention])."""
+    [`blocked_attention`][itde.blocked_attention]). Key blocks outside the causal
+    restriction or the sliding window are skipped: with a fixed window the time is linear
+    in $N$."""
 
     block_size: int = eqx.field(static=True, default=512)
 
@@ -74,7 +81,8 @@ class Blocked(AbstractAttentionCore):
 class Fused(AbstractAttentionCore):
     r"""`jax.nn.dot_product_attention` (softmax in float32; on an NVIDIA GPU
     `implementation="cudnn"` selects cuDNN's fused kernel). Takes non-negative per-query
-    weights only (they become a log-bias): signed ones raise (see
+    weights only (they become a log-bias): signed ones raise; a sliding window on an
+    equispaced grid goes in as its `local_window_size` (see
     [`fused_attention`][itde.fused_attention])."""
 
     implementation: str | None = eqx.field(static=True, default=None)
