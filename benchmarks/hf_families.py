@@ -57,9 +57,9 @@ def _text_rows():
         ("GPT2Model scaled by 1/(i+1), reordered", lambda d: variants._errors("gpt2_scaled", d)[0]),
         ("T5EncoderModel (ReLU)", lambda d: variants._errors("t5", d)[0]),
         ("T5EncoderModel (gated-gelu)", lambda d: variants._errors("t5_gated", d)[0]),
+        ("MistralModel sliding_window=3 (7 tokens)", lambda d: rotary._errors("mistral_window", d)),
     ]
-    for name, errors in cases:
-        yield name, errors
+    yield from cases
 
 
 def _lm_errors(name, dtype):

@@ -145,6 +145,8 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     )
     from .interop._hf import (  # noqa: F401
         from_hf,
+    )
+    from .interop._hf_export import (  # noqa: F401
         to_hf,
     )
     from .interop._hf_lm import (  # noqa: F401

@@ -51,6 +51,8 @@ def _config(name):
         )  # fmt: skip
     if name == "mistral":  # head_dim != hidden / heads
         return tf.MistralModel, tf.MistralConfig(sliding_window=None, **LLAMA)
+    if name == "mistral_window":  # 7 tokens, a window of 3: the window matters
+        return tf.MistralModel, tf.MistralConfig(sliding_window=3, **LLAMA)
     if name == "gemma":  # multi-query attention, sqrt(8) rounds in float32, biases
         return tf.GemmaModel, tf.GemmaConfig(
             hidden_size=8, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
@@ -75,7 +77,10 @@ def _config(name):
     raise AssertionError(name)
 
 
-FAMILIES = ["qwen2", "mistral", "gemma", "neox", "neox_sequential", "llama_linear", "llama3"]
+FAMILIES = [
+    "qwen2", "mistral", "mistral_window", "gemma", "neox", "neox_sequential", "llama_linear",
+    "llama3",
+]  # fmt: skip
 
 
 @functools.cache
@@ -234,7 +239,6 @@ def _configured(name, **fields):
     [
         ("qwen2", "use_sliding_window", True, "window depends on the layer.*max_window_layers"),
         ("qwen2", "layer_types", ["full_attention", "sliding_attention"], "full"),
-        ("mistral", "sliding_window", 4, "windowed attention kernel"),
         ("gemma", "use_bidirectional_attention", True, "causal"),
         ("gemma", "hidden_activation", "relu", "ignores hidden_activation"),
         ("gemma", "hidden_act", "relu2", "feed-forward takes"),
@@ -314,8 +318,9 @@ def test_rope_attention_factor_and_partial_rotary_refused():
 # ---------------------------------------------------------------- back to Hugging Face
 @pytest.mark.parametrize(
     "name",
-    ["qwen2", "mistral", "gemma", "neox", pytest.param("neox_sequential", marks=pytest.mark.slow)],
-)
+    ["qwen2", "mistral_window", "gemma", "neox",
+     pytest.param("neox_sequential", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_to_hf_round_trip(name, tmp_path):
     """`to_hf(from_hf(model))` has `model`'s state (Gemma's norm weights `w` as `1 + w`,
     the gain the model computes: `(1 + w) - 1` need not be `w` in floating point); a model
@@ -364,3 +369,17 @@ def test_to_hf_refuses_what_the_config_rebuilds_otherwise():
     pre = eqx.tree_at(lambda m: m.equation.block, m, itde.PreNorm())
     with pytest.raises(ValueError, match=r"PreNorm\(\).*use_parallel_residual=True"):
         itde.to_hf(pre)
+
+
+def test_mistral_window_is_the_equations_and_to_hf_keeps_it():
+    """Mistral's `sliding_window` becomes the equation's `SlidingWindow` (without it the
+    output moves by O(1): test_window measures 0.89); `to_hf` refuses a model whose window
+    its config would not rebuild."""
+    import dataclasses
+
+    m = itde.from_hf(_model("mistral_window"))
+    assert m.equation.window == itde.SlidingWindow(3.0)
+    dropped = dataclasses.replace(m, equation=dataclasses.replace(m.equation, window=None))
+    with pytest.raises(ValueError, match=r"to_hf.*attends within None.*SlidingWindow"):
+        itde.to_hf(dropped)
+    assert itde.from_hf(_model("mistral")).equation.window is None

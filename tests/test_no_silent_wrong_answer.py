@@ -90,6 +90,15 @@ def test_t1_past_the_depth_is_an_error_and_t1_inside_is_honoured():
 
 
 # ------------------------------------------------------------------ 3. typed static options
+def test_to_torch_refuses_a_window_by_name():
+    """PyTorch's encoder layer attends to every token: a windowed model would be written
+    as another network."""
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=8, n_heads=2,
+                                 window=itde.SlidingWindow(2.0))  # fmt: skip
+    with pytest.raises(ValueError, match=r"attends within SlidingWindow\(length=2.0\)"):
+        itde.to_torch(m)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

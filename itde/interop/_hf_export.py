@@ -35,5 +35,22 @@ def to_hf(m: Any) -> Any:
         )
     floats = jax.tree.leaves(eqx.filter(m, eqx.is_inexact_array))
     model = g.new_model(m.source, m.config, floats[0].dtype, **family.build_kwargs(m.source, m))
+    _check_window(m, family.window(model.config))
     family.write(m, model)
     return model
+
+
+def _check_window(m, theirs) -> None:
+    """The window the written class computes (from its config) must be the model's own:
+    otherwise the Hugging Face model would attend elsewhere, silently."""
+    equation = getattr(m, "equation", None) or getattr(getattr(m, "base", None), "equation", None)
+    ours = getattr(equation, "window", None)
+    same = (ours is None and theirs is None) or (
+        ours is not None and theirs is not None and ours.length == theirs.length
+    )
+    if not same:
+        raise ValueError(
+            f"`to_hf`: the model attends within {ours!r}, but the {m.source} its config builds "
+            f"attends within {theirs!r}; set the config's sliding window to match (or remove "
+            "the model's window)."
+        )

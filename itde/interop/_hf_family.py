@@ -65,6 +65,11 @@ class AbstractHFFamily(eqx.Module):
         `to_hf` of the converted model `m`."""
         return {}
 
+    def window(self, config: Any) -> Any:
+        """The sliding window (`itde.SlidingWindow`) a model of this config attends within,
+        or None (full attention); `to_hf` refuses a model whose window is not this."""
+        return None
+
     def float64_patches(self) -> tuple[tuple[Any, str, Any], ...]:
         """`(owner, attribute, replacement)` triples that make this family's Hugging Face
         code compute in the model's dtype where it computes in float32 (RMSNorm, rotary

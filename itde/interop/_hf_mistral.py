@@ -1,11 +1,11 @@
-"""Mistral: the Llama equation (no biases); its sliding window is refused until the
-equation has a windowed attention kernel."""
+"""Mistral: the Llama equation (no biases) with its sliding window as the equation's
+`SlidingWindow` (a length on the token domain)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from . import _hf_glue as g
+from .._operators._window import SlidingWindow
 from ._hf_family import AbstractHFFamily
 from ._hf_llama import causal_checks, convert_llama_like, float64_patches, write_llama_like
 
@@ -20,8 +20,8 @@ MISTRAL_FIELDS = frozenset({
 
 
 class MistralFamily(AbstractHFFamily):
-    """`MistralModel` with `sliding_window=None` (grouped-query attention, any
-    `head_dim`)."""
+    """`MistralModel` (grouped-query attention, any `head_dim`; `sliding_window` W: every
+    query reads the keys less than W tokens back)."""
 
     classes: ClassVar[tuple[str, ...]] = ("MistralModel",)
     fields: ClassVar[frozenset[str]] = MISTRAL_FIELDS
@@ -29,21 +29,14 @@ class MistralFamily(AbstractHFFamily):
     def check(self, model, name):
         super().check(model, name)
         causal_checks(model.config)
-        g.refuse(
-            model.config, "sliding_window", lambda v: v is None,
-            "Mistral attends within the last sliding_window tokens, which needs the windowed "
-            "attention kernel; the converted attention sees every earlier token. For sequences "
-            "no longer than the window, sliding_window=None is the same model.",
-        )  # fmt: skip
-
-    def equation_fields(self, config) -> dict:
-        """Keywords of the equation besides the Llama equation's: where the window goes
-        (one keyword, the windowed attention kernel of `config.sliding_window`) once the
-        equation has it."""
-        return {}
+    def window(self, config):
+        """Mistral's `sliding_window = W`: a query attends to the keys less than W tokens
+        back (`kv_idx > q_idx - W`), the causal `SlidingWindow(W)` on the unit grid."""
+        w = getattr(config, "sliding_window", None)
+        return None if w is None else SlidingWindow(float(w))
 
     def convert(self, model, name):
-        return convert_llama_like(self, model, name, **self.equation_fields(model.config))
+        return convert_llama_like(self, model, name, window=self.window(model.config))
 
     def write(self, m, model):
         write_llama_like(m, model)

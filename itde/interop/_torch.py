@@ -275,6 +275,12 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             "no place in nn.TransformerEncoderLayer (its attention adds no bias to the scores); "
             "PyTorch's module would silently compute another network."
         )
+    if model.window is not None:
+        raise ValueError(
+            f"`to_torch(model)`: the model attends within {model.window!r}; "
+            "nn.TransformerEncoderLayer attends to every token, so PyTorch's module would "
+            "silently compute another network."
+        )
     v = model.controls.values
     if v.affine1 is not None or v.affine2 is not None or model.readout is not None:
         raise ValueError(
