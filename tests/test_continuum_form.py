@@ -252,6 +252,9 @@ def test_to_torch_refuses_a_continuum_form():
         itde.to_torch(itde.from_torch(enc).continuum_form())
 
 
+# slow: a convergence study (three refinements of projected RK4); the fixed-point set it
+# relies on is checked by the other tests here
+@pytest.mark.slow
 def test_regularised_projections_converge_to_the_flow_on_their_moving_fixed_set():
     """Smooth controls, eps > 0 and a moving set: the network's Lie steps (the regularised
     maps) and projected RK4 on the fixed-point set (whose radius moves as

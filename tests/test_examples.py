@@ -48,6 +48,7 @@ def _run(module, name: str, out: Path, capsys) -> dict:
     return data
 
 
+@pytest.mark.slow  # a gallery run of minutes' worth of particles
 def test_particles_cluster_on_the_sphere(gallery, tmp_path, capsys):
     mod = gallery("particles")
     data = _run(mod, "particles", tmp_path, capsys)
@@ -123,6 +124,9 @@ def test_fourier_interpolation_is_exact_for_band_limited_fields(gallery):
     np.testing.assert_allclose(mod.fourier_interpolate(field(m), n), field(n), atol=1e-12)
 
 
+# slow: the longest default test (a depth study of BERT); the conversion it checks first is
+# tests/test_pretrained.py's and test_hf.py's
+@pytest.mark.slow
 def test_pretrained_continuum_tiny(gallery, tmp_path, capsys):
     """The pipeline of the pretrained study on a random 2-layer BertModel: the conversion is
     Hugging Face's (float64 to round-off, also through the study's network output and the
