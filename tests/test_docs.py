@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -110,17 +109,18 @@ def test_pages_have_titles_and_equation_markup(site):
     api = _page(site, "api/equation")
     title = re.search(r"<title>(.*?)</title>", api).group(1)
     assert html.unescape(title) == "The equation and the solve - itde"
-    # a docstring's $...$ reaches the page as arithmatex markup, which MathJax typesets
-    inline = re.findall(r'<span class="arithmatex">\\\((.*?)\\\)</span>', api)
-    assert r"\Delta t = 1" in inline, "inline maths from TransformerIDE's docstring"
-    display = re.findall(r'<div class="arithmatex">\\\[(.*?)\\\]</div>', _page(site, "mathematics"),
-                         flags=re.S)  # fmt: skip
-    assert any(r"\partial I_{S_1" in eq for eq in display), "the equation on the maths page"
-    # MathJax is configured for that markup and loaded after its configuration
-    scripts = re.findall(r'<script src="([^"]+)"', api)
-    config = next(i for i, s in enumerate(scripts) if s.endswith("_static/mathjax.js"))
-    loader = next(i for i, s in enumerate(scripts) if "mathjax@3" in s)
-    assert config < loader
+    # a docstring's $...$ reaches the page as MathML, rendered at build time (docs/hooks.py)
+    inline = re.findall(r'<span class="arithmatex"><math[^>]*display="inline"[^>]*>(.*?)</math>',
+                        api, flags=re.S)  # fmt: skip
+    assert any("&#x00394;" in m or "\u0394" in m for m in inline), "Delta t = 1 in MathML"
+    maths = _page(site, "mathematics")
+    display = re.findall(r'<div class="arithmatex"><math[^>]*display="block"', maths)
+    assert len(display) >= 3, "the equations of the maths page, as block MathML"
+    # no TeX source is left on a page, and no script comes from elsewhere (no CDN)
+    for page in (api, maths):
+        text = re.sub(r"<(script|pre|code).*?</\1>", "", page, flags=re.S)
+        assert "\\(" not in text and "\\Delta" not in text
+        assert not re.findall(r'<script src="https?://', page)
     # and a cross-reference became a link to the object's entry
     assert 'href="../quadrature/#itde.Grid"' in api  # [`Grid`][itde.Grid], another page
 
@@ -149,29 +149,6 @@ def test_cli_page_lists_every_command_option_and_file(site):
 
 
 # ----------------------------------------------------------------------- browser
-# MathJax 3 as the site loads it from a CDN; the browser test serves the same files from
-# the npm package (fetched once with `npm pack`, cached beside the pytest temp folders).
-MATHJAX = "mathjax@3.2.2"
-
-
-def _mathjax_dir(cache: Path) -> Path:
-    es5 = cache / "package" / "es5"
-    if (es5 / "tex-mml-chtml.js").exists():
-        return es5
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("the browser test needs `npm` to fetch MathJax 3 (`apt-get install npm`).")
-    cache.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [npm, "pack", MATHJAX, "--pack-destination", str(cache)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"`npm pack {MATHJAX}` failed:\n{proc.stderr}"
-    with tarfile.open(next(cache.glob("mathjax-*.tgz"))) as tar:
-        tar.extractall(cache, filter="data")
-    return es5
-
-
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if path := shutil.which(name):
@@ -187,40 +164,35 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 @pytest.mark.slow
 def test_pages_render_in_a_headless_browser(site, tmp_path, tmp_path_factory):
     sync_api = _need("playwright.sync_api")
-    mathjax = _mathjax_dir(tmp_path_factory.getbasetemp().parent / "itde-mathjax")
     handler = functools.partial(_QuietHandler, directory=str(site))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}/"
 
-    def serve_mathjax(route):  # the CDN's URL answered from the local copy; nothing else
-        rel = route.request.url.split("/es5/", 1)[1].split("?")[0]
-        route.fulfill(path=str(mathjax / rel))
-
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            # nothing leaves the machine; the route added last is tried first
+            # nothing leaves the machine (the site needs nothing from elsewhere)
             page.route(re.compile(r"^https?://(?!127\.0\.0\.1).*"), lambda r: r.abort())
-            page.route(re.compile(r"^https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/.*"),
-                       serve_mathjax)  # fmt: skip
 
             page.goto(base, wait_until="networkidle")
             assert page.title() == "itde"
             assert "integro-differential" in page.locator("h1").first.inner_text()
-            page.wait_for_selector("article mjx-container", timeout=60_000)
+            page.wait_for_selector("article math", timeout=60_000)
             page.screenshot(path=str(tmp_path / "index.png"))
 
             page.goto(base + "api/equation/", wait_until="networkidle")
             assert page.title() == "The equation and the solve - itde"
             h1 = page.locator("h1").first.inner_text()
             assert h1.removesuffix("¤").strip() == "The equation and the solve"  # ¤: permalink
-            page.wait_for_selector("article mjx-container", timeout=60_000)
-            # typeset: every equation is a MathJax container, no TeX source is left to read
+            page.wait_for_selector("article math", timeout=60_000)
+            # typeset: every equation is MathML the browser laid out, no TeX source to read
             maths = page.locator("article .arithmatex")
             assert maths.count() > 20
-            assert page.locator("article .arithmatex:has(mjx-container)").count() == maths.count()
+            assert page.locator("article .arithmatex:has(math)").count() == maths.count()
+            box = page.locator("article .arithmatex math").first.bounding_box()
+            assert box is not None and box["width"] > 5 and box["height"] > 5
             assert "\\Delta" not in page.locator("article").inner_text()
             page.screenshot(path=str(tmp_path / "api_equation.png"), full_page=False)
             browser.close()
