@@ -93,3 +93,30 @@ def figure_trajectory(
 def plot_trajectory(change, residuals, layers, path: Path, *, dtype=None) -> Path:
     """Write [`figure_trajectory`][] to `path` (`trajectory.png` of `itde solve`)."""
     return save_figure(figure_trajectory(change, residuals, layers, dtype=dtype), path)
+
+
+#: Markers cycled with the colours, so two series never share a look (a study draws up
+#: to a dozen schemes; matplotlib's default cycle repeats its colours after ten).
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h", "*", "p")
+
+
+def series_style(i: int, n: int) -> dict:
+    """The colour and marker of series `i` of `n`: `tab10` colours up to ten series,
+    `tab20` beyond, each with its own marker."""
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)]}
+
+
+def readable_log_ticks(axis) -> None:
+    """Plain numbers (`2.58`, `0.013`) on a logarithmic axis instead of `2.575x10^0`
+    (matplotlib labels minor ticks in that form when the data span less than a decade)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(v, _):
+        return f"{v:.3g}"
+
+    axis.set_major_formatter(FuncFormatter(fmt))
+    lo, hi = axis.get_view_interval()
+    if lo > 0 and hi / lo < 100:  # few major ticks: label the minor ones too
+        axis.set_minor_formatter(FuncFormatter(fmt))

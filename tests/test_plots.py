@@ -166,3 +166,21 @@ def test_loss_curve_has_one_quantity_per_axis_and_names_the_task(task):
     assert b.get_title().endswith(f"{0.6:.4g} at step 100")
     assert not math.isnan(a.get_ylim()[0])
     fig.clf()
+
+
+def test_a_dozen_series_never_share_a_look_and_short_log_axes_read_plainly():
+    """The depth study draws up to a dozen schemes: matplotlib's ten-colour cycle gave two
+    of them the same blue. Every (colour, marker) pair now differs; and an error axis that
+    spans less than a decade is labelled 2.58, not 2.575x10^0."""
+    dts = [1 / 4, 1 / 8, 1 / 16]
+    rows = [_row(f"s{i}", 1.0, dts, [(1.1 + 0.05 * i) * h for h in dts]) for i in range(12)]
+    fig = figure_study({**DEPTH, "results": rows})
+    ax = fig.axes[0]
+    data = [ln for ln in ax.get_lines() if ln.get_label().startswith("s")]
+    looks = {(tuple(np.round(matplotlib.colors.to_rgba(ln.get_color()), 3)), ln.get_marker())
+             for ln in data}  # fmt: skip
+    assert len(data) == 12 and len(looks) == 12
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
+    assert labels and not any("times" in t or "10^" in t for t in labels), labels
+    fig.clf()

@@ -238,7 +238,7 @@ def figure_study(result: dict):
     depth step (`axis = "depth"`) or against the number of nodes, one curve per scheme or
     rule with its observed order in the legend, a dotted guide of the expected order
     below each curve, and the round-off floor excluded from the fits."""
-    from .._plot import ZERO_AT, _pyplot, integer_ticks
+    from .._plot import ZERO_AT, _pyplot, integer_ticks, readable_log_ticks, series_style
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 6.2), layout="constrained")
@@ -246,13 +246,14 @@ def figure_study(result: dict):
     depth = axis == "depth"
     guide_gap = 3.0  # guides run this factor below the data, parallel to the expected slope
     for i, r in enumerate(rows):
-        c = f"C{i % 10}"
+        look = series_style(i, len(rows))
+        c = look["color"]
         x = np.asarray(r["dt"] if depth else r["n"], dtype=float)
         e = np.asarray(r["errors"], dtype=float)
         same = _same_as(rows, i)
         label = _legend_label(r) + (f"; same errors as {same}" if same else "")
-        style = dict(ls="--", marker="o", mfc="none", ms=9) if same else dict(ls="-", marker="o")
-        ax.loglog(x, np.maximum(e, ZERO_AT), color=c, label=label, zorder=3, **style)
+        style = dict(ls="--", mfc="none", ms=9) if same else dict(ls="-")
+        ax.loglog(x, np.maximum(e, ZERO_AT), label=label, zorder=3, **look, **style)
         p = r["expected_order"]
         anchor = int(np.argmin(x)) if depth else int(np.argmax(x))  # the finest point
         if p is not None and e[anchor] > 0 and math.isfinite(p) and not same:
@@ -288,6 +289,7 @@ def figure_study(result: dict):
         ref = result["reference"]
         ax.set_title(f"Convergence in {what[1]}\nreference: {ref['nodes']} Gauss-Legendre "
                      f"nodes, {ref.get('solver', '')}, float64", fontsize=11)  # fmt: skip
+    readable_log_ticks(ax.yaxis)
     fig.legend(loc="outside lower center", ncols=2, fontsize=8)
     return fig
 

@@ -243,14 +243,15 @@ def format_model_study(result: dict) -> str:
 def figure_model_study(result: dict):
     """Relative error in the model's output against the depth step, one curve per scheme
     with its observed order, and the network's own distance to the limit as a marker."""
-    from .._plot import ZERO_AT, _pyplot
+    from .._plot import ZERO_AT, _pyplot, readable_log_ticks, series_style
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 5.4), layout="constrained")
-    for i, r in enumerate(result["results"]):
+    rows = result["results"]
+    for i, r in enumerate(rows):
         q = r["observed_order"]
         order = f"order {q:.2f}" if math.isfinite(q) else "at round-off"
-        ax.loglog(r["dt"], np.maximum(r["errors"], ZERO_AT), "o-", color=f"C{i % 10}",
+        ax.loglog(r["dt"], np.maximum(r["errors"], ZERO_AT), "-", **series_style(i, len(rows)),
                   label=f"{r['scheme']}: {order} (expected {r['expected_order']:g})")  # fmt: skip
     net = result["network"]
     ax.loglog([net["dt"]], [max(net["distance_to_limit"], ZERO_AT)], "k*", ms=14,
@@ -258,6 +259,7 @@ def figure_model_study(result: dict):
               f"{net['distance_to_limit']:.2g} from its limit")  # fmt: skip
     ax.set_xlabel("depth step $h$")
     ax.set_ylabel("relative error of the model's output against the limit")
+    readable_log_ticks(ax.yaxis)
     m = result["model"]
     ax.set_title(f"Depth refinement of a {m['block']} model ({m['norm']}), "
                  f"{m['batch']} inputs\nreference: Dopri8 at h={result['reference']['dt']:.3g}",
