@@ -30,13 +30,22 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
-def verdict(claims: list[dict]) -> None:
-    """Print each claim against what was measured: `claim`, `measured`, `holds`."""
+def verdict(claims: list[dict], tiny: bool = False) -> None:
+    """Print each claim against what was measured: `claim`, `measured`, the `criterion` it
+    is judged by, and whether it `holds`. A `tiny` run (the smoke test of `--tiny`) is too
+    small to test any claim: it says so instead of a verdict, and each claim's `judged`
+    becomes False (in the JSON too)."""
     print("\n" + "=" * 78)
     for c in claims:
-        print(f"claim:    {c['claim']}")
-        print(f"measured: {c['measured']}")
-        print(f"-> {'holds' if c['holds'] else 'does not hold'}\n")
+        c["judged"] = not tiny
+        print(f"claim:     {c['claim']}")
+        print(f"measured:  {c['measured']}")
+        print(f"criterion: {c.get('criterion', 'see the claim')}")
+        if tiny:
+            print("-> not judged: a --tiny run is a smoke test of the pipeline, too small to "
+                  "test the claim; the full run decides\n")  # fmt: skip
+        else:
+            print(f"-> {'holds' if c['holds'] else 'does not hold'}\n")
     print("=" * 78)
 
 

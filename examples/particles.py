@@ -178,6 +178,8 @@ def main(argv=None) -> dict:
             "claim": "clusters emerge in long time (quoted); for d >= 3 every pairwise inner "
             "product tends to 1 (paraphrased)",
             "measured": measured,
+            "criterion": f"every run with d >= 3 ends in one cluster (all pairwise inner products "
+            f">= 1 - {DELTA:g})",
             "holds": bool(n_hit == seeds * len(judged) and worst >= 1 - DELTA),
         }
     ]
@@ -191,10 +193,12 @@ def main(argv=None) -> dict:
                 "claim": f"d={d}: the time to a single cluster grows with beta (paraphrased)",
                 "measured": "median time to cluster "
                 + ", ".join(f"beta={c['beta']:g}: {c['median_time']:.1f}" for c in rows),
+                "criterion": "the median time to one cluster increases with beta, and the largest "
+                "beta takes more than twice the smallest's",
                 "holds": bool(increasing and med[-1] > 2 * med[0]),
             }
         )
-    verdict(claims)
+    verdict(claims, tiny=args.tiny)
 
     # -------------------------------------------------------------- the figure
     import matplotlib.pyplot as plt

@@ -214,16 +214,19 @@ def main(argv=None) -> dict:
             "measured": f"distance {rows[0]['iid']:.3e} at N={ns[0]} -> {rows[-1]['iid']:.3e} "
             f"at N={ns[-1]} (ratio {ratio_iid:.2f}; fitted rate N^-{s_iid:.2f}, vs "
             f"N^-{s_smooth:.2f} for smooth weights)",
+            "criterion": "i.i.d. weights: the distance at the deepest N is more than half that at "
+            "the shallowest, and the fitted rate is below N^-0.25",
             "holds": bool(ratio_iid > 0.5 and s_iid < 0.25),
         },
         {
             "claim": "weights smooth in depth: the distance goes to 0 at rate 1/N (paraphrased)",
             "measured": f"distance {rows[0]['smooth']:.3e} at N={ns[0]} -> "
             f"{rows[-1]['smooth']:.3e} at N={ns[-1]}; fitted rate N^-{s_smooth:.2f}",
+            "criterion": "smooth weights: the fitted rate N^-s has 0.8 <= s <= 1.2",
             "holds": bool(0.8 <= s_smooth <= 1.2),
         },
     ]
-    verdict(claims)
+    verdict(claims, tiny=args.tiny)
 
     import matplotlib.pyplot as plt
 
