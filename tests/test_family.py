@@ -136,7 +136,7 @@ def test_grouped_query_attention_equals_torch_sdpa(impl):
         bq=w(h, e), bk=w(hkv, e), bv=w(hkv, ev), bo=w(d),
     )  # fmt: skip
     u = rng.normal(size=(n, d))
-    T = lambda a: torch.as_tensor(np.asarray(a))  # noqa: E731
+    T = lambda a: torch.as_tensor(np.array(a))  # noqa: E731  (a copy: JAX arrays are read-only)
     U = T(u)
     q = torch.einsum("nd,hde->hne", U, T(att.wq)) + T(att.bq)[:, None]
     k = torch.einsum("nd,hde->hne", U, T(att.wk)) + T(att.bk)[:, None]
