@@ -164,3 +164,25 @@ def test_sampling_temperature_must_be_finite_and_non_negative(t):
     causal = SimpleNamespace(ide=SimpleNamespace(causal=True))
     with pytest.raises(ValueError, match=r"`--temperature`=.* must be a finite number >= 0"):
         _check(causal, "ab", "a", 3, t, 0)
+
+
+def test_train_out_under_a_file_or_unwritable_is_named_before_any_work(tmp_path, capsys):
+    """`--out` below an existing file, or in a directory that cannot be written, used to
+    fail deep inside the run with the OS's message: it is named at once, exit status 2."""
+    import os
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert main(["train", "--out", str(blocker / "run")]) == 2
+    said = capsys.readouterr().err
+    assert "`--out`" in said and "cannot be created as a directory" in said, said
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if os.access(locked, os.W_OK):  # running as root: permissions do not bind
+            return
+        assert main(["train", "--out", str(locked)]) == 2
+        assert "`--out`" in capsys.readouterr().err
+    finally:
+        os.chmod(locked, 0o700)

@@ -37,6 +37,10 @@ def cmd_train(args) -> int:
             f"`--out`={args.out!r} is an existing file, not a directory; give a directory "
             "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
         )
+    if args.out is not None:  # under a file, or not writable: said now, before JAX starts
+        from .._io import check_output_dir
+
+        check_output_dir(args.out, "--out")
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is not None:
         source = f"the config of {Path(args.resume) / 'checkpoint.json'}"
