@@ -211,3 +211,27 @@ def test_shipped_convergence_config_is_the_default():
     assert _config.load(_config.ConvergeExperiment, ROOT / "configs" / "convergence.toml") == (
         _config.ConvergeExperiment()
     )
+
+
+def test_ctrl_c_anywhere_is_one_line_and_status_130(monkeypatch, capsys):
+    """SIGINT during `itde sample`'s compilation printed a traceback: any command interrupted
+    outside its own handling exits 130 with one line."""
+    import itde.cli._main as cli_main
+
+    def compiling(args):  # Ctrl-C while the sampler compiles
+        raise KeyboardInterrupt
+
+    parser = cli_main.build_parser
+    monkeypatch.setattr(cli_main, "build_parser", lambda: _with(parser(), compiling))
+    assert cli_main.main(["sample", "--checkpoint", "nowhere"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "itde sample: interrupted" and "Traceback" not in err
+
+
+def _with(parser, func):
+    """`parser` with the `sample` command's function replaced by `func`."""
+    import argparse
+
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    subs.choices["sample"].set_defaults(func=func)
+    return parser

@@ -309,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         # an argument the user can fix (each message names it): one line, not a traceback
         print(f"itde: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C anywhere (loading, compiling, a run): one line and the shell's status 130,
+        # not a traceback through JAX's compiler
+        print(f"\nitde {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
