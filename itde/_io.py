@@ -65,3 +65,20 @@ def check_output_dir(path: str | Path, name: str = "--out") -> Path:
     if not os.access(path, os.W_OK):
         raise PermissionError(f"`{name}` {str(path)!r} is not writable; give another directory.")
     return path
+
+
+def check_output_location(path: str | Path, name: str = "--out") -> None:
+    """Say now, without creating anything, why `path` could not become an output directory:
+    a file in its way (the path itself or a parent), or no permission to write where it
+    would be created."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise FileExistsError(
+            f"`{name}` {str(path)!r} cannot be created as a directory ({str(existing)!r} is a "
+            "file); give another path."
+        )
+    if existing.exists() and not os.access(existing, os.W_OK):
+        raise PermissionError(f"`{name}` {str(path)!r} is not writable; give another directory.")

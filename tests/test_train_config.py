@@ -168,3 +168,20 @@ def test_memory_estimate_scales_with_what_it_names():
     check_fits(cfg, 8, tokens_name="task.length", limit=10 * base)
     with pytest.raises(ConfigError, match=r"training step.*`task.length`=8"):
         check_fits(cfg, 8, tokens_name="task.length", limit=base)
+
+
+def test_text_path_in_a_config_file_is_read_from_the_files_folder(tmp_path, monkeypatch):
+    """`text_path = "corpus.txt"` beside the config used to be read from the working
+    directory: the same config failed when run from elsewhere."""
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 8)
+    (folder / "c.toml").write_text('[task]\nname = "charlm"\ntext_path = "corpus.txt"\n'
+                                   "context = 8\n")  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    cfg = load(TrainExperiment, folder / "c.toml")
+    assert Path(cfg.task.text_path) == folder / "corpus.txt"
+    assert Run(cfg).task.corpus.source.endswith("corpus.txt")
+    absolute = folder / "corpus.txt"
+    (folder / "d.toml").write_text(f'[task]\nname = "charlm"\ntext_path = "{absolute}"\n')
+    assert Path(load(TrainExperiment, folder / "d.toml").task.text_path) == absolute

@@ -38,9 +38,9 @@ def cmd_train(args) -> int:
             "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
         )
     if args.out is not None:  # under a file, or not writable: said now, before JAX starts
-        from .._io import check_output_dir
+        from .._io import check_output_location
 
-        check_output_dir(args.out, "--out")
+        check_output_location(args.out, "--out")
     cfg, source = _load_config(args.config)
     if cfg is None and args.resume is not None:
         source = f"the config of {Path(args.resume) / 'checkpoint.json'}"

@@ -57,7 +57,8 @@ class TaskConfig:
       `{0..vocab-1}`), `"burgers"` (the solution operator $u_0 \\mapsto u(t_f)$ of
       periodic viscous Burgers on `n_grid` points; `nu`, `t_final`, `n_modes`, `decay`,
       `amplitude`, `oversample` as in `itde.data.BurgersTask`) or `"charlm"`
-      (next-character prediction on `text_path`, empty = the built-in tiny text, windows
+      (next-character prediction on `text_path`, empty = the built-in tiny text; a
+      relative path in a config file is read from the file's folder; windows
       of `context` characters, the last `val_fraction` held out).
     - `eval_size`: held-out examples per evaluation (rounded up to whole batches).
 
@@ -303,7 +304,20 @@ def load(cls: type, path: str | Path):
             table = None  # `itde`'s loader reports it
         if table is not None:
             _check_renamed(table, str(path))
-    return _config.load(cls, path)
+    cfg = _config.load(cls, path)
+    if cls is TrainExperiment:
+        cfg = _relative_to(cfg, path.parent)
+    return cfg
+
+
+def _relative_to(cfg: TrainExperiment, folder: Path) -> TrainExperiment:
+    """A config file's relative paths (`task.text_path`) read from the file's folder, not
+    the working directory: the same file works from anywhere."""
+    text = cfg.task.text_path
+    if text and not Path(text).is_absolute():
+        task = dataclasses.replace(cfg.task, text_path=str(folder / text))
+        cfg = dataclasses.replace(cfg, task=task)
+    return cfg
 
 
 def to_dict(cfg) -> dict:
