@@ -10,6 +10,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import itde
 from itde import _config
 from itde.cli import main
 
@@ -235,3 +236,16 @@ def _with(parser, func):
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     subs.choices["sample"].set_defaults(func=func)
     return parser
+
+
+def test_solve_dt_flag_overrides_the_config(tmp_path, capsys):
+    """`itde solve --dt` (there was no flag: only [solve] dt of a config file)."""
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out"
+    with pytest.warns(itde.DepthStepWarning):  # the random model's norms carry gains
+        assert main(["solve", "--config", str(cfg), "--out", str(out), "--dt", "0.5"]) == 0
+    assert "dt=0.5" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["dt"] == 0.5
+    assert main(["solve", "--config", str(cfg), "--out", str(out), "--dt", "2"]) == 2
+    assert "`--dt`=2.0 is longer than one layer" in capsys.readouterr().err

@@ -69,6 +69,13 @@ def cmd_solve(args) -> int:
         else _config.SolveExperiment()
     )
     source = args.config or "<built-in default>"
+    if args.dt is not None:  # the flag overrides [solve] dt, checked as the config checks it
+        import dataclasses
+
+        try:
+            cfg = dataclasses.replace(cfg, solve=dataclasses.replace(cfg.solve, dt=args.dt))
+        except _config.ConfigError as e:
+            raise ValueError(str(e).replace("`solve.dt`", "`--dt`")) from None
     try:
         model = _build_solve(cfg)
     except ValueError as e:
@@ -114,7 +121,7 @@ def cmd_solve(args) -> int:
             }
         )
         print(f"{n:>5} {float(ts[n]):>6.2f} {norms[n].mean():>16.6f} {cells}")
-    write_json(out / "summary.json", {"config": source, "layers": rows})
+    write_json(out / "summary.json", {"config": source, "dt": cfg.solve.dt, "layers": rows})
     residuals = np.asarray([[r["mean_residual"], r["var_residual"]] for r in rows[1:]])
     layers = np.arange(1, model.n_layers + 1)
     png = plot_trajectory(change, residuals, layers, out / "trajectory.png", dtype=ys.dtype)
@@ -225,6 +232,8 @@ def _add_solve(sub) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
                    f"(default: [solve] out of the config, {out!r})")  # fmt: skip
+    p.add_argument("--dt", type=float, metavar="H", help="the depth step, 0 < H <= 1 "
+                   "(default: [solve] dt of the config; 1 = one post-LN block per layer)")  # fmt: skip
     p.set_defaults(func=cmd_solve)
 
 
