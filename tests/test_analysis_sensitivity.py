@@ -3,8 +3,9 @@ $\\partial u(t)/\\partial u(s)$ and the finite-time Lyapunov exponents, for the 
 and per token, against independent references:
 
 - a dense Jacobian (`jax.jacfwd` of `itde.solve`) and its SVD, for the discrete network;
-- the exact flow of a linear equation $u_t = M u$: $\\partial u(t)/\\partial u(s) =
-  e^{M (t - s)}$, whose exponents for a diagonal $M$ are its entries;
+- a linear equation $u_t = M u$ solved by Euler steps of $h$, whose flow's Jacobian is
+  exactly $(I + h M)^n$ (and $e^{M (t - s)}$ as $h \\to 0$); for a diagonal $M$ the
+  exponents are $\\log(1 + h a_i) / h$;
 - dense per-token blocks of the same dense Jacobian;
 - a padded sequence against the same sequence without its padding;
 - a converted Hugging Face GPT-2 (a tiny config, random weights), in float32.
@@ -19,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.linalg
 
 import itde
 from itde.analysis import FlowMap, lyapunov_spectrum, token_lyapunov_exponents
@@ -57,7 +57,8 @@ class Interval(itde.AbstractControls):
 
 class Linear(itde.AbstractEquation):
     """$u_t = M\\,\\mathrm{vec}(u)$ on states `[tokens, features]`: its flow's Jacobian
-    from $s$ to $t$ is $e^{M (t - s)}$ exactly."""
+    from $s$ to $t$ is $e^{M (t - s)}$, and that of $n$ Euler steps of $h$ is
+    $(I + h M)^n$, exactly."""
 
     controls: Interval
     M: jax.Array
@@ -104,20 +105,8 @@ def dense(net):
     return jac.reshape(N * D, N * D).numpy()
 
 
-@pytest.fixture(scope="module")
-def analysed(net, dense):
-    """One compilation, under `jax.jit`: the spectrum and the last token's exponents."""
-
-    def analyse(model, u):
-        spec = lyapunov_spectrum(model, u, k=3)
-        last = token_lyapunov_exponents(model, u, target=-1, k=D)
-        return spec, last
-
-    return (dense, *jax.jit(analyse)(*net))
-
-
-def test_spectrum_matches_dense_svd(analysed):
-    dense, spec, _ = analysed
+def test_spectrum_matches_dense_svd(net, dense):
+    spec = jax.jit(lambda model, u: lyapunov_spectrum(model, u, k=3))(*net)
     _, sv, Vt = np.linalg.svd(dense)
     s = np.asarray(spec.singular_values)
     assert bool(spec.converged) and np.all(np.asarray(spec.residuals) <= 1e-6)
@@ -132,50 +121,45 @@ def test_spectrum_matches_dense_svd(analysed):
     assert int(spec.n_jvps) == int(spec.n_vjps) == int(spec.n_iterations) * (2 * 3 + 2)
 
 
-def test_last_token_exponents_match_dense_blocks(analysed):
-    """Tong et al.'s reading: the last token's output against every input token, exact
-    (`features` VJPs, no iteration), against the dense blocks."""
-    dense, _, last = analysed
-    blocks = dense.reshape(N, D, N, D)  # [i, a, j, b] = d u_ia(t) / d u_jb(s)
-    ref = np.stack([np.linalg.svd(blocks[N - 1, :, j], compute_uv=False) for j in range(N)])
-    np.testing.assert_allclose(last.singular_values, ref, rtol=1e-10, atol=1e-13)
-    # each block has rank D - 2 (the LayerNorm projection's normal directions: mean, scale)
-    np.testing.assert_allclose(last.exponents[:, :-2], np.log(ref[:, :-2]) / L, rtol=1e-10)
-    assert int(last.n_vjps) == D and int(last.n_jvps) == 0 and int(last.n_iterations) == 0
-
-
 # ----------------------------------------------------------------- the linear flow
-S, T = 0.25, 1.0  # a flow map from inside the interval: the solve starts at S
+S, T, H = 0.25, 1.0, 0.0125  # a flow map from inside the interval, 60 Euler steps
 
 
 @pytest.fixture(scope="module")
 def linear():
     """One compilation for every linear flow of the same shape (3 tokens, 4 features),
-    every tolerance, cap and `throw`: the spectrum (k=2 of a block of 3), the tokens'
-    exponents (target "all") and the dense Jacobian."""
+    every mask, tolerance, cap and `throw`: the spectrum (k=2 of a block of 3), the
+    tokens' exponents (target "all"), the last token's (exact) and the dense Jacobian."""
 
-    def run(flow, u, rtol, cap, throw):
-        kw = dict(k=2, block_size=3, rtol=rtol, max_iters=cap, throw=throw)
+    def run(flow, u, mask, rtol, cap, throw):
+        kw = dict(k=2, block_size=3, mask=mask, rtol=rtol, max_iters=cap, throw=throw)
         spec = lyapunov_spectrum(flow, u, **kw)
         tokens = token_lyapunov_exponents(flow, u, **kw)
-        return spec, tokens, flow.jacobian(u).as_matrix()
+        last = token_lyapunov_exponents(flow, u, target=-1, k=4, mask=mask)
+        return spec, tokens, last, flow.jacobian(u).as_matrix()
 
     return jax.jit(run)
 
 
 def _linear_flow(M):
     eq = Linear(Interval(0.0, 1.0), jnp.asarray(M), 4)
-    return FlowMap(eq, S, T, solver=diffrax.Tsit5(), dt0=0.0125)
+    return FlowMap(eq, S, T, solver=diffrax.Euler(), dt0=H)
+
+
+def _propagator(M):
+    """The exact Jacobian of the Euler flow from S to T: $(I + h M)^n$."""
+    return np.linalg.matrix_power(np.eye(len(M)) + H * M, round((T - S) / H))
 
 
 RATES = -0.3 * np.arange(12.0)  # M = diag(RATES): the exponents, with gaps of 0.3
+REAL = jnp.ones((3,), bool)
 
 
-def test_linear_flow_is_the_matrix_exponential(linear):
-    """A non-normal $M$ that mixes tokens: $J = e^{0.75 M}$, its SVD, its token blocks."""
+def test_linear_flow_is_the_euler_propagator(linear):
+    """A non-normal $M$ that mixes tokens: $J = (I + h M)^n$, its SVD, its token blocks."""
     M = np.asarray(jax.random.normal(jax.random.key(2), (12, 12))) / 3.0
-    spec, tokens, dense = linear(_linear_flow(M), jnp.ones((3, 4)), 1e-9, 200, True)
-    exact = scipy.linalg.expm((T - S) * M)
+    spec, tokens, last, dense = linear(_linear_flow(M), jnp.ones((3, 4)), REAL, 1e-9, 200, True)
+    exact = _propagator(M)
     np.testing.assert_allclose(dense, exact, atol=1e-10)
     sv = np.linalg.svd(exact, compute_uv=False)
     np.testing.assert_allclose(spec.singular_values, sv[:2], rtol=1e-9)
@@ -184,12 +168,38 @@ def test_linear_flow_is_the_matrix_exponential(linear):
     ref = np.stack([np.linalg.svd(b[:, j], compute_uv=False)[:2] for j in range(3)])
     np.testing.assert_allclose(tokens.singular_values, ref, rtol=1e-8)
     assert bool(tokens.converged) and int(tokens.n_jvps) == 3 * 3 * int(tokens.n_iterations)
+    # Tong et al.'s reading: the last token's output against each input token, exact (4
+    # VJPs, no iteration)
+    ref = np.stack([np.linalg.svd(b[8:, j], compute_uv=False) for j in range(3)])
+    np.testing.assert_allclose(last.singular_values, ref, rtol=1e-10)
+    np.testing.assert_allclose(last.exponents, np.log(ref) / (T - S), rtol=1e-10)
+    assert int(last.n_vjps) == 4 and int(last.n_jvps) == 0 and int(last.n_iterations) == 0
+
+
+def test_a_mask_restricts_the_jacobian_to_the_real_tokens(linear):
+    """Token 2 padded: the spectrum is that of the real block $P J P$ (inputs and outputs
+    on tokens 0 and 1), a token's block is measured on the real outputs, and the padded
+    token has no exponent."""
+    M = np.asarray(jax.random.normal(jax.random.key(2), (12, 12))) / 3.0
+    mask = jnp.asarray([True, True, False])
+    spec, tokens, _, _ = linear(_linear_flow(M), jnp.ones((3, 4)), mask, 1e-9, 200, True)
+    exact = _propagator(M)
+    sv = np.linalg.svd(exact[:8, :8], compute_uv=False)
+    np.testing.assert_allclose(spec.singular_values, sv[:2], rtol=1e-9)
+    assert np.all(np.asarray(spec.right_vectors)[:, 2] == 0)
+    assert np.all(np.asarray(spec.left_vectors)[:, 2] == 0)
+    ref = np.stack([np.linalg.svd(exact[:8, 4 * j : 4 * j + 4], compute_uv=False)[:2]
+                    for j in range(2)])  # fmt: skip
+    np.testing.assert_allclose(tokens.singular_values[:2], ref, rtol=1e-8)
+    assert np.all(np.isnan(np.asarray(tokens.exponents)[2]))
 
 
 def test_exponents_of_a_diagonal_flow_are_its_rates(linear):
-    spec, tokens, _ = linear(_linear_flow(np.diag(RATES)), jnp.ones((3, 4)), 1e-10, 200, True)
-    np.testing.assert_allclose(spec.exponents, RATES[:2], atol=1e-9)
-    np.testing.assert_allclose(tokens.exponents, RATES.reshape(3, 4)[:, :2], atol=1e-9)
+    flow = _linear_flow(np.diag(RATES))
+    spec, tokens, _, _ = linear(flow, jnp.ones((3, 4)), REAL, 1e-10, 200, True)
+    rates = np.log1p(H * RATES) / H  # Euler's rates, a + O(h a^2)
+    np.testing.assert_allclose(spec.exponents, rates[:2], atol=1e-9)
+    np.testing.assert_allclose(tokens.exponents, rates.reshape(3, 4)[:, :2], atol=1e-9)
     # the right vectors are the first two coordinates (token 0, features 0 and 1)
     X = np.abs(np.asarray(spec.right_vectors).reshape(2, -1))
     np.testing.assert_allclose(X[:, :2], np.eye(2), atol=1e-5)
@@ -199,22 +209,23 @@ def test_iteration_count_and_tolerance_contract(linear):
     flow, u = _linear_flow(np.diag(RATES)), jnp.ones((3, 4))
     counts = {}
     for rtol in (1e-3, 1e-6, 1e-10):
-        spec = linear(flow, u, rtol, 500, True)[0]
+        spec = linear(flow, u, REAL, rtol, 500, True)[0]
         assert bool(spec.converged), rtol
         assert np.all(np.asarray(spec.residuals) <= rtol), (rtol, spec.residuals)
         counts[rtol] = int(spec.n_iterations)
         assert int(spec.n_jvps) == int(spec.n_vjps) == 3 * counts[rtol]
         # linear convergence: the residual of pair 2 shrinks by (sigma_4 / sigma_2)^2 =
-        # e^{-2 * 0.6 * 0.75} per iteration, from O(1) at the random start
-        rate = np.exp(-2 * (RATES[1] - RATES[3]) * (T - S))
+        # about e^{-2 * 0.6 * 0.75} per iteration, from O(1) at the random start
+        sigma = (1 + H * RATES) ** round((T - S) / H)
+        rate = (sigma[3] / sigma[1]) ** 2
         assert counts[rtol] <= np.log(rtol) / np.log(rate) + 4, (rtol, counts)
     assert counts[1e-3] < counts[1e-6] < counts[1e-10], counts
     # the cap: one iteration does not meet 1e-10; without `throw` it says so in the result
-    capped = linear(flow, u, 1e-10, 1, False)[0]
+    capped = linear(flow, u, REAL, 1e-10, 1, False)[0]
     assert int(capped.n_iterations) == 1 and not bool(capped.converged)
     assert int(capped.n_jvps) == 3 and np.max(np.asarray(capped.residuals)) > 1e-10
     with pytest.raises(Exception, match="did not meet `rtol` in max_iters iterations"):
-        jax.block_until_ready(linear(flow, u, 1e-10, 1, True))
+        jax.block_until_ready(linear(flow, u, REAL, 1e-10, 1, True))
 
 
 # ----------------------------------------------------------------- padding, HF, float32
@@ -289,15 +300,17 @@ def test_bad_input_is_named(net):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["all", "self"])
+@pytest.mark.parametrize("target", ["all", "self", -1])
 def test_token_exponents_of_the_network_match_dense_blocks(net, dense, target):
     model, u = net
     tokens = jax.jit(lambda m, x: token_lyapunov_exponents(m, x, target=target, k=2))(model, u)
-    blocks = dense.reshape(N, D, N, D)
+    blocks = dense.reshape(N, D, N, D)  # [i, a, j, b] = d u_ia(t) / d u_jb(s)
     if target == "all":
         pick = [blocks[:, :, j].reshape(N * D, D) for j in range(N)]
-    else:
+    elif target == "self":
         pick = [blocks[j, :, j] for j in range(N)]
+    else:
+        pick = [blocks[N - 1, :, j] for j in range(N)]
     ref = np.stack([np.linalg.svd(b, compute_uv=False)[:2] for b in pick])
     assert bool(tokens.converged)
     np.testing.assert_allclose(tokens.singular_values, ref, rtol=1e-8)
