@@ -253,7 +253,8 @@ def test_hf_gpt2_float32_last_token_exponents_respect_padding(gpt2):
     assert u.dtype == jnp.float32
     run = jax.jit(lambda eq, x: token_lyapunov_exponents(eq, x, target=-1, mask=mask, k=2))
     lam = run(m.equation, u)
-    moved = run(m.equation, u.at[:2].set(3.0 * jax.random.normal(jax.random.key(3), (2, 8), jnp.float32)))
+    other = 3.0 * jax.random.normal(jax.random.key(3), (2, 8), jnp.float32)
+    moved = run(m.equation, u.at[:2].set(other))
     assert lam.exponents.dtype == jnp.float32
     assert np.all(np.isnan(np.asarray(lam.exponents)[:2]))
     assert np.all(np.isfinite(np.asarray(lam.exponents)[2:]))

@@ -4,6 +4,7 @@ and its Jacobian $\partial u(t) / \partial u(s)$ as a matrix-free linear operato
 from __future__ import annotations
 
 import math
+
 import diffrax
 import equinox as eqx
 import jax
@@ -193,7 +194,7 @@ class FlowMap(eqx.Module):
                 f"`{name}.astype(jnp.float32)` with the model cast alike."
             )
 
-    def mask_of(self, u, mask) -> Bool[Array, " tokens"] | None:
+    def _key_mask(self, u, mask) -> Bool[Array, " tokens"] | None:
         """The key mask as booleans `[tokens]` (checked against `u`), or None."""
         return key_mask(mask, u.shape[0])
 
@@ -220,13 +221,13 @@ class FlowMap(eqx.Module):
         self, u: Float[Array, "tokens features"], mask=None
     ) -> Float[Array, "tokens features"]:
         self.check_state(u, "u")
-        return self.solve(u, self.mask_of(u, mask))
+        return self.solve(u, self._key_mask(u, mask))
 
     def jacobian(self, u: Float[Array, "tokens features"], mask=None) -> FlowJacobian:
         """The Jacobian $\\partial u(t) / \\partial u(s)$ at `u`, as a matrix-free
         [`FlowJacobian`][itde.analysis.FlowJacobian]."""
         self.check_state(u, "u")
-        return FlowJacobian(self, u, self.mask_of(u, mask))
+        return FlowJacobian(self, u, self._key_mask(u, mask))
 
 
 class FlowJacobian(eqx.Module):
@@ -325,4 +326,3 @@ def _check_layers(controls: AbstractControls, s: float, dt0, stepsize_controller
                 "a layer boundary, or omit `stepsize_controller` (the default grid restarts "
                 "at every boundary)."
             )
-

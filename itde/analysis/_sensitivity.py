@@ -140,8 +140,12 @@ def lyapunov_spectrum(
     - `key`: the PRNG key of the random start (default `jax.random.key(0)`).
     - `throw`: raise if `max_iters` iterations do not converge (as `itde.solve`'s `throw`).
 
+    `rtol`, `max_iters` and `throw` may be traced scalars (arguments of a `jax.jit`ted
+    function): one compilation then serves every tolerance, cap and choice.
+
     **Returns:** a [`LyapunovSpectrum`][itde.analysis.LyapunovSpectrum]. Works under
-    `jax.jit` (the flow as a closure or an `eqx.filter_jit` argument).
+    `jax.jit` (the model or flow a closure, or an `eqx.filter_jit` argument) and in float32
+    or float64.
     """
     flow = _as_flow(flow)
     jac = flow.jacobian(u, mask)
@@ -380,8 +384,7 @@ def _check_k(k, n: int, what: str) -> int:
     k = check_int("k", k, minimum=1)
     if k > n:
         raise ValueError(
-            f"`k`={k} singular values asked, but the operator has only {n} ({what}); give "
-            f"k <= {n}."
+            f"`k`={k} singular values asked, but the operator has only {n} ({what}); give k <= {n}."
         )
     return k
 
