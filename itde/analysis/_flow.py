@@ -189,8 +189,8 @@ class FlowMap(eqx.Module):
         self.model.check_state(u, name)
         if jnp.finfo(u.dtype).bits < 32:
             raise TypeError(
-                f"`{name}` has dtype {u.dtype}, too coarse to resolve a Jacobian (8 bits of "
-                f"mantissa); compute the sensitivity in float32 or float64, e.g. "
+                f"`{name}` has dtype {u.dtype}, too coarse to resolve a Jacobian (3 significant "
+                f"digits or fewer); compute the sensitivity in float32 or float64, e.g. "
                 f"`{name}.astype(jnp.float32)` with the model cast alike."
             )
 
@@ -220,6 +220,8 @@ class FlowMap(eqx.Module):
     def __call__(
         self, u: Float[Array, "tokens features"], mask=None
     ) -> Float[Array, "tokens features"]:
+        """$u(t)$ from $u(s) =$ `u` (one sequence `[tokens, features]`); `mask`: the key
+        mask (`[tokens]`, False on padding) or None."""
         self.check_state(u, "u")
         return self.solve(u, self._key_mask(u, mask))
 
