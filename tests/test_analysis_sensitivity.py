@@ -121,6 +121,21 @@ def test_spectrum_matches_dense_svd(net, dense):
     assert int(spec.n_jvps) == int(spec.n_vjps) == int(spec.n_iterations) * (2 * 3 + 2)
 
 
+@pytest.mark.slow
+def test_flow_maps_compose(net):
+    """$\\varphi_{s,t} = \\varphi_{r,t} \\circ \\varphi_{s,r}$: from a layer boundary (the
+    layers from there on) and from inside a layer, on the step grid, and the discrete
+    network's layers 1..L are `trajectory`'s."""
+    model, u = net
+    np.testing.assert_allclose(FlowMap(model, 1.0)(model.trajectory(u)[1]), model.trajectory(u)[L],
+                               rtol=1e-13)  # fmt: skip
+    half = dict(dt0=0.5)
+    whole = FlowMap(model, **half)(u)
+    np.testing.assert_allclose(
+        FlowMap(model, 0.5, **half)(FlowMap(model, 0.0, 0.5, **half)(u)), whole, rtol=1e-13
+    )
+
+
 # ----------------------------------------------------------------- the linear flow
 S, T, H = 0.25, 1.0, 0.0125  # a flow map from inside the interval, 60 Euler steps
 
