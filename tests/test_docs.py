@@ -35,6 +35,7 @@ PACKAGES = (
     "itde.studies",
     "itde.data",
     "itde.cli",
+    "itde.analysis",
     "itde.train",
     "itde_solvers",
 )

@@ -123,3 +123,15 @@ def test_state_that_diverges_from_a_finite_start_is_named():
     with pytest.raises(eqx.EquinoxRuntimeError, match=r"during the solve although `u0` is "
                        r"finite.*lower the learning rate"):  # fmt: skip
         jax.block_until_ready(itde.solve(big, x).ys)
+
+
+def test_a_concrete_integer_mask_captured_inside_jit():
+    """A NumPy 0/1 mask closed over by a jitted function raised TracerBoolConversionError
+    (its 0/1 check was staged); it is checked on the host and works."""
+    import numpy as np
+
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=8, n_heads=2)
+    x = jax.random.normal(jax.random.key(1), (3, 8))
+    mask = np.array([1, 1, 0])
+    got = jax.jit(lambda u: m(u, mask))(x)
+    assert jnp.allclose(got[:2], m(x, jnp.array([True, True, False]))[:2])

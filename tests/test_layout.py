@@ -19,7 +19,7 @@ import itde.cli
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"itde": ROOT / "itde", "itde_solvers": ROOT / "solvers" / "itde_solvers"}
 PUBLIC_PACKAGES = ["itde", "itde.function", "itde.interop", "itde.studies", "itde.train",
-                   "itde.data", "itde.cli", "itde_solvers"]  # fmt: skip
+                   "itde.data", "itde.cli", "itde.analysis", "itde_solvers"]  # fmt: skip
 PRIVATE = re.compile(r"\bitde(?:_solvers)?(?:\.\w+)*\._[a-z]\w*")
 
 

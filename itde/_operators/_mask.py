@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def key_mask(mask, n_tokens: int, name: str = "mask"):
@@ -31,6 +32,12 @@ def key_mask(mask, n_tokens: int, name: str = "mask"):
             f"`{name}` must be boolean (True on real tokens, False on padding) or integer "
             f"0/1, got dtype {mask.dtype}."
         )
-    if not isinstance(mask, jax.core.Tracer) and not bool(jnp.all((mask == 0) | (mask == 1))):
-        raise ValueError(f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values.")
+    if not isinstance(mask, jax.core.Tracer):
+        # checked on the host: inside `jax.jit` a concrete mask's jnp comparison would be
+        # staged (a tracer), which `bool` cannot read
+        host = np.asarray(mask)
+        if not bool(np.all((host == 0) | (host == 1))):
+            raise ValueError(
+                f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values."
+            )
     return mask != 0

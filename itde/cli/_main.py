@@ -232,8 +232,9 @@ def _add_solve(sub) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
                    f"(default: [solve] out of the config, {out!r})")  # fmt: skip
-    p.add_argument("--dt", type=float, metavar="H", help="the depth step, 0 < H <= 1 "
-                   "(default: [solve] dt of the config; 1 = one post-LN block per layer)")  # fmt: skip
+    p.add_argument("--dt", type=float, metavar="H",
+                   help="the depth step, 0 < H <= 1 (default: [solve] dt of the config; "
+                   "1 = one post-LN block per layer)")  # fmt: skip
     p.set_defaults(func=cmd_solve)
 
 
