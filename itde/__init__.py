@@ -251,7 +251,7 @@ _EXPORTS = {
     "DepthStepWarning": "._solve",
 }
 #: Subpackages reachable as attributes (`itde.train` after `import itde`), loaded on use.
-_SUBPACKAGES = ("cli", "data", "function", "interop", "studies", "train")
+_SUBPACKAGES = ("analysis", "cli", "data", "function", "interop", "studies", "train")
 
 
 def __getattr__(name: str):
