@@ -656,3 +656,130 @@ def test_energy_monotone_along_the_particle_flow_and_its_violation_with_the_step
     v = [float(run(h)[0].violation) for h in (4.0, 3.0, 2.5, 1.5, 0.5)]
     assert v[0] > v[1] > v[2] > 1e-3, v
     assert max(v[3:]) <= 1e-14 * top, v
+
+
+# ------------------------------------------------------------------ slow: the real thing
+def _hf_model(family):
+    import torch
+    import transformers as tf
+    from helpers import spread_hf_weights
+
+    common = dict(vocab_size=50, pad_token_id=1, bos_token_id=2, eos_token_id=3)
+    if family == "llama":  # grouped-query attention, RoPE, causal, pre-norm
+        cls, config = tf.LlamaModel, tf.LlamaConfig(
+            hidden_size=8, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=6, intermediate_size=12, attention_bias=True, **common,
+        )  # fmt: skip
+    else:  # post-norm encoder, learned positions
+        cls, config = tf.BertModel, tf.BertConfig(
+            hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
+            max_position_embeddings=16, **common,
+        )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    kwargs = {"add_pooling_layer": False} if family == "bert" else {}
+    return spread_hf_weights(cls(config, **kwargs)).to(torch.float64).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_attention_weights_and_spectra_of_a_converted_model(family):
+    """`itde.from_hf`: at each layer's input state (Hugging Face's `hidden_states`), the
+    attention weights are Hugging Face's `attentions` (eager, float64) on the real queries,
+    with no, right and left padding; the spectra are NumPy's of `q_proj`/`k_proj` (query
+    head m reading key head m // 2) or BERT's `query`/`key`."""
+    import torch
+
+    hf = _hf_model(family)
+    m = itde.from_hf(hf)
+    n = 7
+    ids = np.random.default_rng(0).integers(4, 50, size=(3, n))
+    masks = np.array([[1] * n, [1] * (n - 2) + [0, 0], [0, 0] + [1] * (n - 2)])
+    with itde.interop.hf_float64(), torch.no_grad():
+        out = hf(
+            torch.as_tensor(ids), attention_mask=torch.as_tensor(masks),
+            output_attentions=True, output_hidden_states=True,
+        )  # fmt: skip
+    worst = 0.0
+    for layer in range(2):
+        for b in range(3):
+            u = jnp.asarray(out.hidden_states[layer][b].numpy())
+            g = np.asarray(A.attention_weights(m, float(layer), u, masks[b]))
+            ref = out.attentions[layer][b].numpy()
+            real = masks[b] == 1
+            worst = max(worst, np.max(np.abs(g[:, real] - ref[:, real])))
+            H = np.asarray(A.attention_entropy(m, float(layer), u, masks[b]))
+            p = ref[:, real]
+            Href = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=-1)
+            np.testing.assert_allclose(H[:, real], Href, atol=1e-10)
+    assert worst < 1e-12, worst
+    s = A.spectra(m)
+    for layer in range(2):
+        if family == "llama":
+            att = hf.layers[layer].self_attn
+            wq, wk = att.q_proj.weight.detach().numpy(), att.k_proj.weight.detach().numpy()
+            e, rep = 6, 2
+        else:
+            att = hf.encoder.layer[layer].attention.self
+            wq, wk = att.query.weight.detach().numpy(), att.key.weight.detach().numpy()
+            e, rep = 4, 1
+        for h in range(s.qk_singular_values.shape[1]):
+            g = h // rep
+            B = wq[h * e : (h + 1) * e].T @ wk[g * e : (g + 1) * e]
+            sv = np.linalg.svd(B, compute_uv=False)[: s.qk_singular_values.shape[2]]
+            np.testing.assert_allclose(s.qk_singular_values[layer, h], sv, rtol=1e-10)
+            lam = np.linalg.eigvals(B)
+            _match(s.qk_eigenvalues[layer, h], lam[np.argsort(-np.abs(lam))], 1e-10 * sv[0])
+
+
+@pytest.mark.slow
+def test_energy_along_itde_solve_with_the_registered_schemes():
+    """The particle flow solved by `itde.solve` with `SCHEMES["rk4"]` (fine: monotone to
+    round-off) and `SCHEMES["euler"]` (the violation shrinks with the step and vanishes
+    below h = 2); the geometry along the saved RK4 trajectory reaches one cluster."""
+    import diffrax
+
+    beta = 1.0
+    model = _particle_model(3, beta)
+    model = dataclasses.replace(
+        model, controls=itde.LegendreControls(model.controls.coeffs, 0.0, 30.0)
+    )
+    u0 = _initial_tokens(8, 3)
+    top = math.exp(beta) / (2 * beta)
+    rk4 = itde.SCHEMES["rk4"]
+    ts = jnp.linspace(0.0, 30.0, 301)
+    sol = itde.solve(
+        model, u0, solver=rk4.make(), terms=rk4.terms, dt0=0.1, saveat=diffrax.SaveAt(ts=ts)
+    )
+    tr = A.energy_along(sol.ys, beta)
+    assert float(tr.violation) <= 1e-14 * top
+    assert float(tr.energies[-1]) == pytest.approx(top, rel=1e-9)
+    geo = A.geometry_along(model, sol.ts, sol.ys)
+    assert int(geo.n_clusters[0]) > 1 and int(geo.n_clusters[-1]) == 1
+    assert float(geo.min_cosine[-1]) > 1 - 1e-6 and float(geo.effective_rank[-1]) < 1 + 1e-3
+    assert float(np.max(np.asarray(geo.residuals["norm2.var"]))) < 1e-14
+    euler = itde.SCHEMES["euler"]
+    v = []
+    for h in (4.0, 3.0, 2.5, 1.5, 0.5):
+        sol = itde.solve(
+            model, u0, solver=euler.make(), terms=euler.terms, dt0=h,
+            saveat=diffrax.SaveAt(t0=True, steps=True),
+        )  # fmt: skip
+        ys = sol.ys[np.isfinite(np.asarray(sol.ts))]
+        v.append(float(A.energy_along(ys, beta).violation))
+    assert v[0] > v[1] > v[2] > 1e-3, v
+    assert max(v[3:]) <= 1e-14 * top, v
+
+
+@pytest.mark.slow
+def test_geometry_along_a_post_norm_trajectory():
+    """`TransformerIDE.trajectory` of a post-norm model with exact norms: every state after
+    a layer lies on that layer's second constraint set."""
+    r = np.random.default_rng(14)
+    m = _two_norms(_model([_block(r, 6, 2, 2, 3, 4) for _ in range(2)]))
+    mask = np.array([True] * 4 + [False])
+    traj = m.trajectory(jnp.asarray(r.normal(size=(5, 6))), mask)
+    geo = A.geometry_along(m, jnp.asarray(m.controls.layer_times()), traj, mask)
+    assert np.all(np.asarray(geo.residuals["norm2.var"])[1:] < 1e-12)
+    assert np.all(np.asarray(geo.residuals["norm2.mean"])[1:] < 1e-12)
+    assert float(geo.residuals["norm2.var"][0]) > 0.1

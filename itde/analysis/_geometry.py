@@ -572,10 +572,12 @@ def geometry_along(
     leading depth axis.
 
     **Cost** per depth, for $N$ tokens, $d$ features and $h$ heads of size $e$: the scores
-    of one attention evaluation ($O(h N^2 e)$; the values are not applied), the cosines
-    ($O(N^2 d)$), one SVD ($O(N d \min(N, d))$) and a few $O(N^2)$ label-propagation
-    steps: about one attention evaluation, well below one layer's field (which adds the
-    value and output products and the feed-forward).
+    and softmax of one attention evaluation and their entropies ($O(h N^2 e)$; the values
+    are not applied), the cosines ($O(N^2 d)$), one SVD ($O(N d \min(N, d))$) and a few
+    $O(N^2)$ label-propagation steps. Measured on one CPU core in float32 (median of 7,
+    compiled): 0.9 ms against 0.41 ms for one evaluation of the layer's fields $A + F$ at
+    128 tokens, 64 features, 4 heads; 8.7 ms against 5.1 ms at 512 tokens, 128 features,
+    8 heads: about two field evaluations per saved depth, less than one RK4 step.
     """
     eq = equation_of(model)
     us = jnp.asarray(us)

@@ -279,7 +279,7 @@ def spectra(model, ts=None) -> Spectra:
 
     - `model`: an [`itde.TransformerIDE`][itde.TransformerIDE], or a model that holds one
       (an [`HFTransformer`][itde.interop.HFTransformer] from
-      [`itde.from_hf`][itde.from_hf], an [`HFCausalLM`][itde.interop.HFCausalLM], a
+      [`itde.from_hf`][itde.interop.from_hf], an [`HFCausalLM`][itde.interop.HFCausalLM], a
       trained model).
     - `ts`: the depths, a 1-D array. `None` (per-layer controls only): every layer, at the
       depth where it starts ($t_0, \dots, t_{L-1}$). Smooth controls
