@@ -134,7 +134,9 @@ def _check_heads(hs, att, fw=None, hw=None, tol=1e-9):
 
 # ----------------------------------------------------------------------------- spectra
 @pytest.mark.parametrize(
-    "shape", [(4, 2, 6, 3, 2), (4, 1, 5, 7, 7), (2, 2, 6, 4, 4)], ids=["gqa", "mqa_e>d", "mha"]
+    "shape",
+    [(4, 2, 6, 3, 2), (4, 1, 5, 7, 7), pytest.param((2, 2, 6, 4, 4), marks=pytest.mark.slow)],
+    ids=["gqa", "mqa_e>d", "mha"],
 )
 def test_head_spectra_against_numpy(shape):
     h, hkv, d, e, ev = shape
@@ -417,8 +419,10 @@ VARIANTS = {
         [_block(r, d, 4, 2, 2, 6, gated=True, rms=True) for _ in range(2)],
         block="pre_norm", causal=True, rope=itde.Rope.init(2, base=100.0),
     ),
-    "window_alibi": lambda r, d: _model(
+    # non-uniform token weights (trapezoid: half weights at the ends) as a log-bias
+    "window_alibi_trapezoid": lambda r, d: _model(
         [_block(r, d, 2, 2, 4, 6) for _ in range(2)],
+        itde.Grid(itde.Trapezoid(interval=(0.0, 6.0)), itde.Midpoint(), d),
         window=itde.SlidingWindow(3.0), score_bias=itde.ALiBi.init(2),
     ),
     # positive and signed partial-interval (Volterra) weights
@@ -430,7 +434,7 @@ VARIANTS = {
         [_block(r, d, 2, 2, 4, 6) for _ in range(2)]
     ).continuum_form(),
 }  # fmt: skip
-SLOW_VARIANTS = {"function_kernels", "continuum_form"}
+SLOW_VARIANTS = {"function_kernels", "continuum_form", "causal_simpson"}
 
 
 @pytest.mark.parametrize(
@@ -455,8 +459,16 @@ def test_attention_weights_applied_to_values_are_the_field(name):
             assert np.all(g >= 0)
     if name == "causal_simpson":
         assert np.any(g < 0)
-        with pytest.raises(ValueError, match="signed"):
-            A.attention_entropy(eq, 0.0, u)
+        assert A.token_geometry(eq, 0.0, u).attention_entropy is None
+
+
+def test_entropy_refuses_signed_weights():
+    """Simpson's partial-interval weights are signed: no probability distribution, no
+    entropy (refused before anything is computed)."""
+    eq = VARIANTS["causal_simpson"](np.random.default_rng(7), 8)
+    u = jnp.asarray(np.random.default_rng(8).normal(size=(7, 8)))
+    with pytest.raises(ValueError, match="signed"):
+        A.attention_entropy(eq, 0.0, u)
 
 
 def test_attention_entropy_against_a_numpy_softmax():
@@ -783,3 +795,31 @@ def test_geometry_along_a_post_norm_trajectory():
     assert np.all(np.asarray(geo.residuals["norm2.var"])[1:] < 1e-12)
     assert np.all(np.asarray(geo.residuals["norm2.mean"])[1:] < 1e-12)
     assert float(geo.residuals["norm2.var"][0]) > 0.1
+
+
+def test_float32():
+    """Training runs in float32: spectra, geometry and energy keep it and agree with NumPy's
+    float64 spectra and the float64 geometry to float32 round-off."""
+    r = np.random.default_rng(15)
+    m64 = _two_norms(_model([_block(r, 6, 2, 1, 3, 4) for _ in range(2)]))
+    m32 = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, m64)
+    s = A.spectra(m32)
+    assert s.qk_singular_values.dtype == jnp.float32 and s.qk_eigenvalues.dtype == jnp.complex64
+    _check_heads(
+        jax.tree.map(lambda a: a[1], _heads_of(s)), m64.controls.layer(1).attention, tol=1e-5
+    )
+    u = r.normal(size=(5, 6))
+    mask = np.array([True, True, True, True, False])
+    g = A.token_geometry(m32, 1.0, jnp.asarray(u, jnp.float32), mask)
+    assert all(a.dtype in (jnp.float32, jnp.int32) for a in jax.tree.leaves(g))
+    x = u[mask]
+    sv = np.linalg.svd(x, compute_uv=False)
+    p = sv / sv.sum()
+    np.testing.assert_allclose(g.effective_rank, np.exp(-np.sum(p * np.log(p))), rtol=1e-5)
+    c = (x / np.linalg.norm(x, axis=1)[:, None]) @ (x / np.linalg.norm(x, axis=1)[:, None]).T
+    np.testing.assert_allclose(g.mean_cosine, c[~np.eye(4, dtype=bool)].mean(), atol=1e-6)
+    assert int(g.numerical_rank) == 4 and int(g.n_clusters) == 4
+    assert np.all((g.attention_entropy > 0) & (g.attention_entropy < np.log(4)))
+    e = A.interaction_energy(jnp.asarray(u, jnp.float32), 2.0, mask)
+    assert e.dtype == jnp.float32
+    np.testing.assert_allclose(e, A.interaction_energy(u, 2.0, mask), rtol=1e-6)

@@ -451,8 +451,8 @@ def norm_residuals(
 ) -> dict[str, Float[Array, ""]]:
     r"""The constraint residuals of the layer's two normalisations at the state `u`:
     `{"norm1.mean": ..., "norm1.var": ..., "norm2.mean": ..., "norm2.var": ...}` for
-    LayerNorm (`{"norm1.rms": ..., "norm2.rms": ...}` for RMSNorm), each the largest over
-    the real tokens of [`AbstractNorm.residuals`][itde.AbstractNorm.residuals] (the
+    LayerNorm (`{"norm1.mean_square": ..., "norm2.mean_square": ...}` for RMSNorm), each the
+    largest over the real tokens of [`AbstractNorm.residuals`][itde.AbstractNorm.residuals] (the
     deviation of the set's defining quantities, after undoing the per-feature affine map).
 
     The norms are those of the projections that end the step arriving at `t`
