@@ -144,6 +144,7 @@ def test_head_spectra_against_numpy(shape):
     _check_heads(A.head_spectra(att), att)
 
 
+@pytest.mark.slow
 def test_head_spectra_with_feature_and_head_weights():
     att = _attention(4, 2, 6, 3, 3, seed=3)
     fw = RNG.uniform(0.2, 2.0, 6)
@@ -168,25 +169,38 @@ def _ffn_reference(ff, fw=None, zw=None):
     return out
 
 
-def test_spectra_per_layer_model_gated_gauss_grid():
+def _float32(tree):
+    """Every floating array in float32 (converted in NumPy: no compiled cast per leaf)."""
+
+    def cast(a):
+        return jnp.asarray(np.asarray(a, np.float32)) if eqx.is_inexact_array(a) else a
+
+    return jax.tree.map(cast, tree)
+
+
+def test_spectra_per_layer_model_gated_gauss_grid_float32():
     """Every layer of a per-layer model (GQA, gated feed-forward) on a Gauss-Legendre
-    feature grid: the spectra of the weighted operators, layer by layer."""
+    feature grid, in float32 (as trained): the spectra of the weighted operators, layer by
+    layer, against NumPy's in float64 to float32 round-off."""
     d = 6
     grid = itde.Grid(itde.Midpoint(), itde.GaussLegendre(interval=(0.0, 1.0)), d)
     r = np.random.default_rng(1)
     blocks = [_block(r, d, 4, 2, 2, 5, gated=True, rms=True) for _ in range(3)]
-    m = _model(blocks, grid, block="pre_norm")
+    m = _float32(_model(blocks, grid, block="pre_norm"))
     s = A.spectra(m)
+    assert s.qk_singular_values.dtype == jnp.float32 and s.qk_eigenvalues.dtype == jnp.complex64
     assert s.qk_eigenvalues.shape == (3, 4, 2) and s.w1_singular_values.shape == (3, 5)
     np.testing.assert_array_equal(s.ts, [0.0, 1.0, 2.0])
     fw = grid.feature_weights()
     for n in range(3):
-        layer = m.controls.layer(n)
-        _check_heads(jax.tree.map(lambda a: a[n], _heads_of(s)), layer.attention, fw)
+        layer = jax.tree.map(lambda a: np.asarray(a, np.float64)[n], m.controls.values)
+        _check_heads(
+            jax.tree.map(lambda a: np.asarray(a)[n], _heads_of(s)), layer.attention, fw, tol=1e-5
+        )
         ref = _ffn_reference(layer.feedforward, fw)
-        np.testing.assert_allclose(s.w1_singular_values[n], ref["w1"][:5], rtol=1e-12)
-        np.testing.assert_allclose(s.w2_singular_values[n], ref["w2"][:5], rtol=1e-12)
-        np.testing.assert_allclose(s.w_gate_singular_values[n], ref["w_gate"][:5], rtol=1e-12)
+        np.testing.assert_allclose(s.w1_singular_values[n], ref["w1"][:5], rtol=1e-5)
+        np.testing.assert_allclose(s.w2_singular_values[n], ref["w2"][:5], rtol=1e-5)
+        np.testing.assert_allclose(s.w_gate_singular_values[n], ref["w_gate"][:5], rtol=1e-5)
 
 
 def _heads_of(s):
@@ -205,7 +219,7 @@ def test_spectra_smooth_controls_between_layers():
     s = A.spectra(m, ts)
     for i, t in enumerate(ts):
         att = _discrete(m, t, "attention")[0]
-        _check_heads(jax.tree.map(lambda a: a[i], _heads_of(s)), att)
+        _check_heads(jax.tree.map(lambda a: np.asarray(a)[i], _heads_of(s)), att)
         ref = _ffn_reference(_discrete(m, t, "feedforward")[0])
         np.testing.assert_allclose(s.w1_singular_values[i], ref["w1"][:6], rtol=1e-12)
 
@@ -222,7 +236,7 @@ def test_spectra_spline_controls_between_layers():
     spline = itde.TransformerIDE(itde.SplineControls.from_layers(net.controls), net.grid)
     s = A.spectra(spline, [1.5])
     att = _discrete(spline, 1.5, "attention")[0]
-    _check_heads(jax.tree.map(lambda a: a[0], _heads_of(s)), att)
+    _check_heads(jax.tree.map(lambda a: np.asarray(a)[0], _heads_of(s)), att)
     for n in (1, 2):  # between the layers, not either layer
         layer = _numpy_head_spectra(net.controls.layer(n).attention)["qk"][0][1][:3]
         assert not np.allclose(s.qk_singular_values[0, 0], layer, rtol=1e-3)
@@ -281,7 +295,9 @@ def test_spectra_of_function_kernels_do_not_depend_on_the_grid():
     # and they are the NumPy spectra of the sampled kernels with the grid's weights
     eq = _function_model(5)
     att, hw = _discrete(eq, 0.0, "attention")
-    _check_heads(jax.tree.map(lambda a: a[0], _heads_of(coarse)), att, eq.feature_weights(), hw)
+    _check_heads(
+        jax.tree.map(lambda a: np.asarray(a)[0], _heads_of(coarse)), att, eq.feature_weights(), hw
+    )
     ff, zw = _discrete(eq, 0.0, "feedforward")
     ref = _ffn_reference(ff, eq.feature_weights(), zw)
     np.testing.assert_allclose(coarse.w2_singular_values[0], ref["w2"][:5], atol=1e-12)
@@ -292,16 +308,14 @@ def test_spectra_of_function_kernels_do_not_depend_on_the_grid():
 def test_models_holding_an_equation_are_accepted():
     m = _model([_block(np.random.default_rng(4), 4, 2, 2, 2, 3)])
     wrapped = itde.HFTransformer(
-        word_embeddings=jnp.zeros((3, 4)), position_embeddings=None,
+        word_embeddings=jnp.asarray(np.zeros((3, 4))), position_embeddings=None,
         token_type_embeddings=None, embedding_norm=None, equation=m,
         positions=NoPositions(),
     )  # fmt: skip
     a, b = A.spectra(m), A.spectra(wrapped)
     np.testing.assert_array_equal(a.qk_singular_values, b.qk_singular_values)
-    u = jnp.asarray(RNG.normal(size=(3, 4)))
-    np.testing.assert_array_equal(
-        A.attention_weights(m, 0.0, u), A.attention_weights(wrapped, 0.0, u)
-    )
+    lm = itde.HFCausalLM(base=wrapped)  # a causal language model: its base's equation
+    assert A.spectra(lm).qk_eigenvalues.shape == a.qk_eigenvalues.shape
     with pytest.raises(TypeError, match="`model`"):
         A.spectra(m.controls)
 
@@ -434,7 +448,7 @@ VARIANTS = {
         [_block(r, d, 2, 2, 4, 6) for _ in range(2)]
     ).continuum_form(),
 }  # fmt: skip
-SLOW_VARIANTS = {"function_kernels", "continuum_form", "causal_simpson"}
+SLOW_VARIANTS = {"continuum_form", "causal_simpson"}
 
 
 @pytest.mark.parametrize(
@@ -477,9 +491,10 @@ def test_attention_entropy_against_a_numpy_softmax():
     d, h, hkv, e, n = 6, 4, 2, 3, 6
     att = _attention(h, hkv, d, e, e, seed=9)
     norm = itde.LayerNormProjection(0.0, 1.0, None, None, 0.0)
-    ff = itde.FeedForward(w1=jnp.ones((d, 4)), w2=jnp.ones((4, d)), b1=None, b2=None)
+    r = np.random.default_rng(9)
+    ff = itde.FeedForward(w1=_arr(r, d, 4), w2=_arr(r, 4, d), b1=None, b2=None)
     eq = itde.TransformerIDE(
-        itde.PiecewiseConstant(itde.stack([itde.Block(att, norm, ff, norm)])),
+        itde.PiecewiseConstant(_stack([itde.Block(att, norm, ff, norm)])),
         itde.Grid.unit(d),
         causal=True,
     )
@@ -503,7 +518,7 @@ def test_attention_entropy_against_a_numpy_softmax():
     flat = eqx.tree_at(
         lambda c: (c.controls.values.attention.wq, c.controls.values.attention.bq),
         eq,
-        (jnp.zeros((1, h, d, e)), jnp.zeros((1, h, e))),
+        (jnp.asarray(np.zeros((1, h, d, e))), jnp.asarray(np.zeros((1, h, e)))),
     )
     Hu = np.asarray(A.attention_entropy(flat, 0.0, u, mask))
     admissible = np.cumsum(mask)
@@ -517,11 +532,11 @@ def test_attention_entropy_against_a_numpy_softmax():
         atol=1e-13,
     )  # fmt: skip
     # one-hot: each token reads itself only
-    one = jnp.eye(d)[None]
+    one = jnp.asarray(np.eye(d)[None])
     hot_att = itde.Attention(wq=400 * one, wk=one, wv=one, wo=one, bq=None, bk=None, bv=None,
                              bo=None)  # fmt: skip
     hot = itde.TransformerIDE(
-        itde.PiecewiseConstant(itde.stack([itde.Block(hot_att, norm, ff, norm)])),
+        itde.PiecewiseConstant(_stack([itde.Block(hot_att, norm, ff, norm)])),
         itde.Grid.unit(d),
     )
     x = np.eye(n, d)
@@ -534,8 +549,9 @@ def _two_norms(m, eps=0.0):
     """The model with different exact-ish LayerNorms in its two layers (gain and shift)."""
     d = m.n_features
     norm = itde.LayerNormProjection(
-        jnp.array([0.3, -0.5]), jnp.array([1.7, 0.6]),
-        jnp.stack([jnp.full(d, 1.5), jnp.linspace(0.5, 2.0, d)]), jnp.full((2, d), -0.2), eps,
+        jnp.asarray([0.3, -0.5]), jnp.asarray([1.7, 0.6]),
+        jnp.asarray(np.stack([np.full(d, 1.5), np.linspace(0.5, 2.0, d)])),
+        jnp.asarray(np.full((2, d), -0.2)), eps,
     )  # fmt: skip
     return eqx.tree_at(lambda x: (x.controls.values.norm1, x.controls.values.norm2), m, (norm,) * 2)
 
@@ -553,12 +569,13 @@ def test_norm_residuals_vanish_on_projected_states_only():
     assert float(A.norm_residuals(m, 1.0, v)["norm2.var"]) > 0.1
     # padded rows do not count, whatever they hold
     mask = np.array([True] * 4 + [False])
-    mixed = p.at[4].set(v[4] * 10)
+    mixed = np.asarray(p).copy()
+    mixed[4] = 10 * np.asarray(v[4])
     assert max(float(x) for x in A.norm_residuals(m, 1.0, mixed, mask).values()) < 1e-13
     assert float(A.norm_residuals(m, 1.0, mixed)["norm2.var"]) > 0.1
     # states as a post-norm solve saves them: the input, then each layer's projection
-    ts = jnp.array([0.0, 1.0, 2.0])
-    states = jnp.stack([v, p, project2(jnp.asarray(2.0), v[::-1])])
+    ts = np.array([0.0, 1.0, 2.0])
+    states = np.stack([v, p, project2(jnp.asarray(2.0), v[::-1])])
     geo = A.geometry_along(m, ts, states, mask)
     assert np.all(np.asarray(geo.residuals["norm2.var"])[1:] < 1e-12)
     assert float(geo.residuals["norm2.var"][0]) > 0.1
@@ -581,11 +598,11 @@ def _particle_model(d, beta):
     Q = beta sqrt(m) I, K = V = O = I, no feed-forward, the unit sphere of the mean-zero
     hyperplane as the constraint set, constant controls."""
     m = d + 1
-    eye = jnp.eye(m)[None]
+    eye = np.eye(m)[None]
     att = itde.Attention(
         wq=beta * math.sqrt(m) * eye, wk=eye, wv=eye, wo=eye, bq=None, bk=None, bv=None, bo=None
     )
-    ff = itde.FeedForward(w1=jnp.zeros((m, 1)), w2=jnp.zeros((1, m)), b1=None, b2=None)
+    ff = itde.FeedForward(w1=np.zeros((m, 1)), w2=np.zeros((1, m)), b1=None, b2=None)
     norm = itde.LayerNormProjection(0.0, 1.0 / math.sqrt(m), None, None, 0.0)
     controls = itde.LegendreControls(_stack([itde.Block(att, norm, ff, norm)]), 0.0, 1.0)
     return itde.TransformerIDE(controls, itde.Grid.unit(m))
@@ -797,29 +814,24 @@ def test_geometry_along_a_post_norm_trajectory():
     assert float(geo.residuals["norm2.var"][0]) > 0.1
 
 
-def test_float32():
-    """Training runs in float32: spectra, geometry and energy keep it and agree with NumPy's
-    float64 spectra and the float64 geometry to float32 round-off."""
+def test_geometry_and_energy_in_float32():
+    """Training runs in float32: the geometry and the energy keep it and agree with NumPy's
+    float64 values to float32 round-off."""
     r = np.random.default_rng(15)
-    m64 = _two_norms(_model([_block(r, 6, 2, 1, 3, 4) for _ in range(2)]))
-    m32 = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, m64)
-    s = A.spectra(m32)
-    assert s.qk_singular_values.dtype == jnp.float32 and s.qk_eigenvalues.dtype == jnp.complex64
-    _check_heads(
-        jax.tree.map(lambda a: a[1], _heads_of(s)), m64.controls.layer(1).attention, tol=1e-5
-    )
-    u = r.normal(size=(5, 6))
+    m = _float32(_two_norms(_model([_block(r, 6, 2, 1, 3, 4) for _ in range(2)])))
+    u = r.normal(size=(5, 6)).astype(np.float32)
     mask = np.array([True, True, True, True, False])
-    g = A.token_geometry(m32, 1.0, jnp.asarray(u, jnp.float32), mask)
+    g = A.token_geometry(m, 1.0, jnp.asarray(u), mask)
     assert all(a.dtype in (jnp.float32, jnp.int32) for a in jax.tree.leaves(g))
-    x = u[mask]
+    x = u[mask].astype(np.float64)
     sv = np.linalg.svd(x, compute_uv=False)
     p = sv / sv.sum()
     np.testing.assert_allclose(g.effective_rank, np.exp(-np.sum(p * np.log(p))), rtol=1e-5)
-    c = (x / np.linalg.norm(x, axis=1)[:, None]) @ (x / np.linalg.norm(x, axis=1)[:, None]).T
+    xn = x / np.linalg.norm(x, axis=1)[:, None]
+    c = xn @ xn.T
     np.testing.assert_allclose(g.mean_cosine, c[~np.eye(4, dtype=bool)].mean(), atol=1e-6)
     assert int(g.numerical_rank) == 4 and int(g.n_clusters) == 4
     assert np.all((g.attention_entropy > 0) & (g.attention_entropy < np.log(4)))
-    e = A.interaction_energy(jnp.asarray(u, jnp.float32), 2.0, mask)
+    e = A.interaction_energy(jnp.asarray(u), 2.0, mask)
     assert e.dtype == jnp.float32
-    np.testing.assert_allclose(e, A.interaction_energy(u, 2.0, mask), rtol=1e-6)
+    np.testing.assert_allclose(e, np.exp(2.0 * c).sum() / (2 * 2.0 * 16), rtol=1e-6)

@@ -45,7 +45,7 @@ def _mask(mask, n: int):
     """Booleans `[tokens]`, True on real tokens (all True for None)."""
     m = key_mask(mask, n)
     if m is None:
-        return jnp.ones((n,), bool)
+        return jnp.asarray(np.ones((n,), bool))
     if m.ndim != 1:
         raise ValueError(f"`mask` must be [tokens] for one state, got shape {m.shape}.")
     return m
