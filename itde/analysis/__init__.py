@@ -2,11 +2,10 @@
 energies."""
 
 # spectra, token geometry, energies
+from ._attention_weights import attention_entropy, attention_weights
 from ._energy import EnergyTrace, energy_along, interaction_energy
 from ._geometry import (
     TokenGeometry,
-    attention_entropy,
-    attention_weights,
     cluster_count,
     cluster_labels,
     cosines,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._geometry import _check_weights, _mask, _state
+from ._common import _check_weights, _mask, _state
 
 
 def _check_beta(beta):

@@ -41,28 +41,7 @@ from jaxtyping import Array, Complex, Float
 from .._controls import PiecewiseConstant
 from .._equation import TransformerIDE
 from .._operators._attention import Attention
-
-
-def equation_of(model) -> TransformerIDE:
-    """The `TransformerIDE` of a model: the model itself, or the equation of a converted
-    Hugging Face model (`HFTransformer.equation`, `HFCausalLM.base.equation`) or of a
-    trained model (`.ide`)."""
-    seen = model
-    for _ in range(3):
-        if isinstance(seen, TransformerIDE):
-            return seen
-        for name in ("equation", "ide", "base"):
-            inner = getattr(seen, name, None)
-            if inner is not None and not isinstance(inner, str):
-                seen = inner
-                break
-        else:
-            break
-    raise TypeError(
-        f"`model` must be an itde.TransformerIDE or a model that holds one (an "
-        f"itde.HFTransformer from itde.from_hf, an HFCausalLM, a trained model); got "
-        f"{type(model).__name__}."
-    )
+from ._common import equation_of
 
 
 class HeadSpectra(eqx.Module):
