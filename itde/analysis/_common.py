@@ -1,0 +1,65 @@
+"""What every function of `itde.analysis` checks first: the model (an equation, or a model
+that holds one), one state and its padding mask, feature weights."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._equation import TransformerIDE
+from .._operators._mask import key_mask
+
+
+def equation_of(model) -> TransformerIDE:
+    """The `TransformerIDE` of a model: the model itself, or the equation of a converted
+    Hugging Face model (`HFTransformer.equation`, `HFCausalLM.base.equation`) or of a
+    trained model (`.ide`)."""
+    seen = model
+    for _ in range(3):
+        if isinstance(seen, TransformerIDE):
+            return seen
+        for name in ("equation", "ide", "base"):
+            inner = getattr(seen, name, None)
+            if inner is not None and not isinstance(inner, str):
+                seen = inner
+                break
+        else:
+            break
+    raise TypeError(
+        f"`model` must be an itde.TransformerIDE or a model that holds one (an "
+        f"itde.HFTransformer from itde.from_hf, an HFCausalLM, a trained model); got "
+        f"{type(model).__name__}."
+    )
+
+
+def _state(u, name: str = "u"):
+    if getattr(u, "ndim", None) != 2:
+        raise ValueError(
+            f"`{name}` must be one state [tokens, features], got shape "
+            f"{getattr(u, 'shape', None)}; map over a trajectory or a batch with jax.vmap."
+        )
+    u = jnp.asarray(u)
+    if not jnp.issubdtype(u.dtype, jnp.floating):
+        u = u.astype(jnp.result_type(float))
+    return u
+
+
+def _mask(mask, n: int):
+    """Booleans `[tokens]`, True on real tokens (all True for None)."""
+    m = key_mask(mask, n)
+    if m is None:
+        return jnp.asarray(np.ones((n,), bool))
+    if m.ndim != 1:
+        raise ValueError(f"`mask` must be [tokens] for one state, got shape {m.shape}.")
+    return m
+
+
+def _check_weights(feature_weights, d: int):
+    if feature_weights is None:
+        return None
+    w = np.asarray(feature_weights, dtype=np.float64)
+    if w.shape != (d,) or not np.all(w > 0):
+        raise ValueError(
+            f"`feature_weights` must be {d} positive quadrature weights, got shape {w.shape}."
+        )
+    return w

@@ -1,0 +1,285 @@
+r"""Spectra over depth: the eigenvalues and singular values of each head's attention form and
+value-output map, and the singular values of the feed-forward's kernels, at any depth.
+
+**What is computed.** For head $m$ of the attention at depth $t$ (with grouped-query
+attention $g(m)$ is the key/value head query head $m$ reads, as the operator applies it):
+
+- the bilinear form of the scores, $B_m = W^Q_m {W^K_{g(m)}}^\top$ ($d \times d$): the score is
+  $s_m(x, \tilde x) = \langle u(x), B_m u(\tilde x)\rangle / \sqrt{|\Omega_h|}$ (the
+  $1/\sqrt{|\Omega_h|}$ is not included);
+- the value-output map, $C_m = W^V_{g(m)} W^O_m$ ($d \times d$): what head $m$ adds to a token
+  is $\sum_{\tilde x} \gamma_m(x, \tilde x)\, u(\tilde x)\, C_m$;
+- the feed-forward's kernels $W_1$ ($d \times d_\mathrm{ff}$), $W_2$
+  ($d_\mathrm{ff} \times d$) and, for a gated one, $W_\mathrm{gate}$.
+
+**Quadrature weights.** On a grid with feature weights $w$ (and head weights $w_h$, hidden
+weights $w_z$ for function kernels) the kernels are those of integral operators on
+$L^2(\Omega_y)$: $B_m$ has kernel $b_m(\xi, \eta) = \int_{\Omega_h} W^Q_m(\xi, e) W^K(\eta, e)\,de$,
+and the matrix of that operator in an orthonormal basis of the discrete $L^2_w$ is
+$D_w^{1/2}\, W^Q_m D_{w_h} {W^K}^\top D_w^{1/2}$ ($D_w = \mathrm{diag}(w)$); likewise
+$D_w^{1/2} W^V D_{w_h} W^O D_w^{1/2}$, $D_w^{1/2} W_1 D_{w_z}^{1/2}$ and
+$D_{w_z}^{1/2} W_2 D_w^{1/2}$. Their eigenvalues are the Nyström eigenvalues of the
+continuous operators (those of $W^Q D_{w_h} {W^K}^\top D_w$, a similar matrix), and they
+converge with the grid; on the unit grid (every weight 1) they are the plain matrices'.
+
+**Cost.** $B_m$ has rank at most $k = \min(d, d_\mathrm{head})$, so its spectrum is taken
+from $k \times k$ matrices: the nonzero eigenvalues of $A B^\top$ are those of $B^\top A$,
+and its singular values are those of $R_A R_B^\top$ from the QR factors $A = Q_A R_A$,
+$B = Q_B R_B$ (the other $d - k$ eigenvalues and singular values are exactly 0 and are not
+returned). One depth costs $O(h\,d\,k^2)$, not $O(h\,d^3)$. Likewise $C_m$ with the value
+size.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Complex, Float
+
+from .._controls import PiecewiseConstant
+from .._equation import TransformerIDE
+from .._operators._attention import Attention
+from ._common import equation_of
+
+
+class HeadSpectra(eqx.Module):
+    r"""The spectra of one attention's heads (one depth): arrays indexed `[head, k]`.
+
+    - `qk_eigenvalues`: the nonzero eigenvalues of $B_m = W^Q_m {W^K_{g(m)}}^\top$ (complex),
+      $k = \min(d, d_\mathrm{head})$, sorted by decreasing modulus (of a conjugate pair, the
+      one with positive imaginary part first).
+    - `qk_singular_values`: its singular values, decreasing.
+    - `vo_eigenvalues`, `vo_singular_values`: the same for $C_m = W^V_{g(m)} W^O_m$,
+      $k = \min(d, d_v)$.
+    """
+
+    qk_eigenvalues: Complex[Array, "heads k"]
+    qk_singular_values: Float[Array, "heads k"]
+    vo_eigenvalues: Complex[Array, "heads kv"]
+    vo_singular_values: Float[Array, "heads kv"]
+
+
+class Spectra(eqx.Module):
+    r"""Spectra over depth, returned by [`spectra`][itde.analysis.spectra]: arrays indexed
+    `[depth, head, k]` (attention) and `[depth, k]` (feed-forward).
+
+    - `ts`: the depths, `[depths]`.
+    - `qk_eigenvalues`, `qk_singular_values`, `vo_eigenvalues`, `vo_singular_values`: as in
+      [`HeadSpectra`][itde.analysis.HeadSpectra], with a leading depth axis.
+    - `w1_singular_values`, `w2_singular_values`: the feed-forward's kernels,
+      `[depths, min(d, d_ff)]`, decreasing.
+    - `w_gate_singular_values`: the gate's kernel of a gated feed-forward, or None.
+    """
+
+    ts: Float[Array, " depths"]
+    qk_eigenvalues: Complex[Array, "depths heads k"]
+    qk_singular_values: Float[Array, "depths heads k"]
+    vo_eigenvalues: Complex[Array, "depths heads kv"]
+    vo_singular_values: Float[Array, "depths heads kv"]
+    w1_singular_values: Float[Array, "depths k"]
+    w2_singular_values: Float[Array, "depths k"]
+    w_gate_singular_values: Float[Array, "depths k"] | None = None
+
+
+def _sqrt_weights(w, n: int, name: str, dtype):
+    """$\\sqrt{w}$ as an array of the kernels' dtype, or None for unit weights."""
+    if w is None:
+        return None
+    w = np.asarray(w, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"`{name}` must have shape ({n},), got {w.shape}.")
+    if not np.all(w > 0):
+        raise ValueError(f"`{name}` must be positive quadrature weights, got {w}.")
+    return jnp.asarray(np.sqrt(w), dtype)
+
+
+def _scale(a, left, right):
+    """`diag(left) @ a @ diag(right)` over the last two axes (None: no scaling)."""
+    if left is not None:
+        a = a * left[:, None]
+    if right is not None:
+        a = a * right
+    return a
+
+
+def _sorted_eigenvalues(lam):
+    """Decreasing modulus; of equal moduli (a conjugate pair), positive imaginary first."""
+    order = jnp.lexsort((-lam.imag, -jnp.abs(lam)), axis=-1)
+    return jnp.take_along_axis(lam, order, axis=-1)
+
+
+def _product_spectrum(a, b):
+    r"""Eigenvalues and singular values of $a\,b^\top$ for `a`, `b` `[..., d, e]`: the
+    $k = \min(d, e)$ that can be nonzero, through $k \times k$ matrices."""
+    d, e = a.shape[-2:]
+    if e <= d:
+        small = jnp.swapaxes(b, -1, -2) @ a  # [e, e], the nonzero eigenvalues of a b^T
+        ra = jnp.linalg.qr(a, mode="r")
+        rb = jnp.linalg.qr(b, mode="r")
+        core = ra @ jnp.swapaxes(rb, -1, -2)
+    else:
+        small = core = a @ jnp.swapaxes(b, -1, -2)  # [d, d]
+    lam = jnp.linalg.eigvals(small)
+    sv = jnp.linalg.svd(core, compute_uv=False)
+    return _sorted_eigenvalues(lam), sv
+
+
+def head_spectra(
+    attention: Attention,
+    *,
+    feature_weights: np.ndarray | None = None,
+    head_weights: np.ndarray | None = None,
+) -> HeadSpectra:
+    r"""The spectra of every head of one discrete attention.
+
+    **Arguments:**
+
+    - `attention`: an [`Attention`][itde.Attention] (per-head `wq [h, d, e]`,
+      `wk [h_kv, d, e]`, `wv [h_kv, d, e_v]`, `wo [h, e_v, d]`).
+    - `feature_weights`: the feature quadrature weights $w$ (`None`: all 1).
+    - `head_weights`: the head domain's weights $w_h$ (`None`: all 1), applied to both the
+      query/key and the value/output contraction, as the operator applies them.
+
+    **Returns:** a [`HeadSpectra`][itde.analysis.HeadSpectra]: the spectra of
+    $D_w^{1/2} W^Q_m D_{w_h} {W^K_{g(m)}}^\top D_w^{1/2}$ and
+    $D_w^{1/2} W^V_{g(m)} D_{w_h} W^O_m D_w^{1/2}$ (see the module's note).
+    """
+    if not isinstance(attention, Attention):
+        raise TypeError(
+            f"`attention` must be a discrete itde.Attention, got {type(attention).__name__}; "
+            "for function kernels take `op.discretise(grid)` first (or call `spectra(model)`)."
+        )
+    dtype = jnp.result_type(attention.wq.dtype, jnp.float32)
+    _, d, e = attention.wq.shape
+    ev = attention.value_dim
+    sw = _sqrt_weights(feature_weights, d, "feature_weights", dtype)
+    if head_weights is not None and e != ev:
+        raise ValueError(
+            f"`head_weights` are one head domain's weights, but this attention's query size {e} "
+            f"differs from its value size {ev}."
+        )
+    sh = _sqrt_weights(head_weights, e, "head_weights", dtype)
+    ws = (attention.wq, attention.wk, attention.wv, attention.wo)
+    return _head_spectra(*(w.astype(dtype) for w in ws), sw, sh)
+
+
+@jax.jit
+def _head_spectra(wq, wk, wv, wo, sw, sh):
+    # query head m reads key/value head m // rep (Hugging Face's repeat_kv)
+    rep = wq.shape[0] // wk.shape[0]
+    wk, wv = jnp.repeat(wk, rep, axis=0), jnp.repeat(wv, rep, axis=0)
+    qk_lam, qk_sv = _product_spectrum(_scale(wq, sw, sh), _scale(wk, sw, sh))
+    # C = W^V W^O = a b^T with a = D^{1/2} W^V D_h^{1/2}, b = D^{1/2} W^O^T D_h^{1/2}
+    vo_lam, vo_sv = _product_spectrum(_scale(wv, sw, sh), _scale(jnp.swapaxes(wo, -1, -2), sw, sh))
+    return HeadSpectra(qk_lam, qk_sv, vo_lam, vo_sv)
+
+
+@jax.jit
+def _singular_values(w, left, right):
+    return jnp.linalg.svd(_scale(w, left, right), compute_uv=False)
+
+
+def feedforward_singular_values(
+    feedforward,
+    *,
+    feature_weights: np.ndarray | None = None,
+    hidden_weights: np.ndarray | None = None,
+) -> dict[str, Array]:
+    r"""The singular values of a discrete feed-forward's kernels, by name.
+
+    `{"w1": ..., "w2": ...}` (and `"w_gate"` for a
+    [`GatedFeedForward`][itde.GatedFeedForward]), each decreasing, of
+    $D_w^{1/2} W_1 D_{w_z}^{1/2}$, $D_{w_z}^{1/2} W_2 D_w^{1/2}$ and
+    $D_w^{1/2} W_\mathrm{gate} D_{w_z}^{1/2}$, with $w$ the feature weights and $w_z$ the
+    hidden weights (`None`: all 1).
+    """
+    w1 = getattr(feedforward, "w1", None)
+    if w1 is None or getattr(w1, "ndim", None) != 2:
+        raise TypeError(
+            "`feedforward` must be a discrete itde.FeedForward or GatedFeedForward (kernels "
+            f"`w1 [d, d_ff]`, `w2 [d_ff, d]`), got {type(feedforward).__name__}; for function "
+            "kernels take `op.discretise(grid)` first (or call `spectra(model)`)."
+        )
+    dtype = jnp.result_type(w1.dtype, jnp.float32)
+    d, dff = w1.shape
+    sw = _sqrt_weights(feature_weights, d, "feature_weights", dtype)
+    sz = _sqrt_weights(hidden_weights, dff, "hidden_weights", dtype)
+    out = {
+        "w1": _singular_values(w1.astype(dtype), sw, sz),
+        "w2": _singular_values(feedforward.w2.astype(dtype), sz, sw),
+    }
+    gate = getattr(feedforward, "w_gate", None)
+    if gate is not None:
+        out["w_gate"] = _singular_values(gate.astype(dtype), sw, sz)
+    return out
+
+
+def _depths(eq: TransformerIDE, ts) -> np.ndarray | Array:
+    if ts is None:
+        if not isinstance(eq.controls, PiecewiseConstant):
+            raise ValueError(
+                f"`ts`=None means every layer, but this model's controls "
+                f"({type(eq.controls).__name__}) are smooth in depth and have no layers; give "
+                f"the depths, e.g. ts=numpy.linspace({eq.controls.t0}, {eq.controls.t1}, 17)."
+            )
+        return np.asarray(eq.controls.layer_times()[:-1])
+    ts = jnp.asarray(ts)
+    if ts.ndim != 1 or ts.shape[0] == 0:
+        raise ValueError(f"`ts` must be a non-empty 1-D array of depths, got shape {ts.shape}.")
+    return ts
+
+
+@eqx.filter_jit
+def _spectra_at(eq: TransformerIDE, ts):
+    fw = eq.feature_weights()
+
+    def one(t):
+        att, hw = eq.controls(t, "right", "attention").discretise(eq.grid)
+        ff, zw = eq.controls(t, "right", "feedforward").discretise(eq.grid)
+        hs = head_spectra(att, feature_weights=fw, head_weights=hw)
+        fs = feedforward_singular_values(ff, feature_weights=fw, hidden_weights=zw)
+        return hs, fs
+
+    return jax.vmap(one)(ts)
+
+
+def spectra(model, ts=None) -> Spectra:
+    r"""The spectra of every head and of the feed-forward over depth.
+
+    At depth $t$ the operators are those the equation applies at $t$
+    (`controls(t, "right", ...)`, the layer a vector field starting at $t$ reads), sampled on
+    the model's grid ([`discretise`][itde.AbstractAttention.discretise]) and weighted by its
+    feature, head and hidden quadrature weights (see the module's note: the spectra of the
+    integral operators, which on the unit grid are the plain matrices').
+
+    **Arguments:**
+
+    - `model`: an [`itde.TransformerIDE`][itde.TransformerIDE], or a model that holds one
+      (an [`HFTransformer`][itde.interop.HFTransformer] from
+      [`itde.from_hf`][itde.interop.from_hf], an [`HFCausalLM`][itde.interop.HFCausalLM], a
+      trained model).
+    - `ts`: the depths, a 1-D array. `None` (per-layer controls only): every layer, at the
+      depth where it starts ($t_0, \dots, t_{L-1}$). Smooth controls
+      ([`LegendreControls`][itde.LegendreControls],
+      [`SplineControls`][itde.SplineControls]) take any depths, between layers too.
+
+    **Returns:** a [`Spectra`][itde.analysis.Spectra] of arrays `[depth, head, k]` (the
+    attention's) and `[depth, k]` (the feed-forward's). One compiled computation for all
+    depths (`jax.vmap` over `ts`).
+    """
+    eq = equation_of(model)
+    depths = _depths(eq, ts)
+    ts_arr = jnp.asarray(depths, dtype=jnp.result_type(float))
+    hs, fs = _spectra_at(eq, ts_arr)
+    return Spectra(
+        ts=ts_arr,
+        qk_eigenvalues=hs.qk_eigenvalues,
+        qk_singular_values=hs.qk_singular_values,
+        vo_eigenvalues=hs.vo_eigenvalues,
+        vo_singular_values=hs.vo_singular_values,
+        w1_singular_values=fs["w1"],
+        w2_singular_values=fs["w2"],
+        w_gate_singular_values=fs.get("w_gate"),
+    )
