@@ -56,7 +56,9 @@ def network(request):
     return m, u0, itde.solve(m, u0).ys[-1]
 
 
-@pytest.mark.parametrize("fit", list(FITS))
+@pytest.mark.parametrize(
+    "fit", [f if f == "cubic" else pytest.param(f, marks=pytest.mark.slow) for f in FITS]
+)  # the cubic spline in the default run (the budget); all three under -m slow
 def test_interpolating_fit_at_one_lie_step_per_layer_is_the_network(network, fit):
     m, u0, want = network
     smooth = itde.TransformerIDE(FITS[fit](m.controls, m.block), m.grid, block=m.block)

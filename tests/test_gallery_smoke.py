@@ -1,8 +1,10 @@
 """Every gallery script (`examples/`) builds its models and runs them, in the default run.
 
 The scripts' `--tiny` runs train or sweep (tens of seconds each) and are `-m slow` in
-`test_examples.py`, except `particles.py` and `pretrained_continuum.py`, whose tiny runs
-are default there. Here each other
+`test_examples.py`, except `particles.py`, whose tiny run is default there;
+`pretrained_continuum.py`'s tiny run is slow too, the pieces of its pipeline being default
+elsewhere (the conversion in `test_pretrained.py` and `test_hf.py`, the continuum form in
+`test_continuum_form.py`, the depth study in `test_model_study.py`). Here each other
 script's own model is built from the script's own code and configuration and run once, at
 its tiny size, so an interface change in the library that a script has not followed fails
 the default run (as `resnet_ode.py`'s controls missed the `part` argument of
@@ -29,7 +31,7 @@ from itde.train import TASKS, build_model, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-# scripts whose tiny run is default in test_examples.py
+# scripts whose tiny run is in test_examples.py (particles default, pretrained_continuum slow)
 TINY_RUN_ELSEWHERE = {"particles", "pretrained_continuum"}
 SMOKED = {"resnet_ode", "splitting_blocks", "resolution_transfer"}
 

@@ -171,6 +171,7 @@ def test_causal_rules_blocked_equals_dense_with_gradients(name):
         )  # fmt: skip
 
 
+@pytest.mark.slow  # up to 33 nodes of two signed rules: the default-suite budget
 def test_signed_rule_normaliser_stays_positive():
     """The signed partial-interval weights still give a positive quadrature of the
     normaliser for positive integrands (no division by a vanishing sum)."""
