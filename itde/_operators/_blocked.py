@@ -196,8 +196,22 @@ def dense_attention(
     **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
     _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights, window)
+    p, ell = dense_softmax_parts(
+        q, k, jnp.result_type(q.dtype, k.dtype, v.dtype),
+        token_log_weights=token_log_weights, query_weights=query_weights,
+        score_bias=score_bias, signed_weights=signed_weights, causal=causal, window=window,
+    )  # fmt: skip
+    return jnp.einsum("hnm,hme->hne", p, v) / ell
+
+
+def dense_softmax_parts(
+    q, k, dtype, *, token_log_weights, query_weights, score_bias, signed_weights, causal, window
+):
+    """The dense core's unnormalised weights `p` `[heads, tokens, tokens]` and their row
+    normaliser `ell` `[heads, tokens, 1]`: the attention output is `p @ v / ell`, the
+    attention weights `p / ell` (`itde.analysis.attention_weights` reads them here, so the
+    two never drift apart). `dtype`: the scores' dtype."""
     n = q.shape[1]
-    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
     idx = jnp.arange(n)
     s = jnp.einsum("hne,hme->hnm", q, k)
     if token_log_weights is not None:
@@ -224,12 +238,11 @@ def dense_attention(
     if w is not None:  # signed weights: the sum may be 0 or negative
         p = p * w[None]
         ell = jnp.sum(p, axis=-1, keepdims=True)
-        return jnp.einsum("hnm,hme->hne", p, v) / jnp.where(ell != 0, ell, 1.0)
+        return p, jnp.where(ell != 0, ell, 1.0)
     # A row with an admissible key has ell >= 1 (its maximum contributes e^0 = 1), and
     # e^(lo - m) underflows to exactly 0 there; a row with none has p = 0, m = lo and
     # e^(lo - m) = 1, so its output is 0 / 1 = 0 with finite gradients.
-    ell = jnp.sum(p, axis=-1, keepdims=True) + jnp.exp(lo - m)
-    return jnp.einsum("hnm,hme->hne", p, v) / ell
+    return p, jnp.sum(p, axis=-1, keepdims=True) + jnp.exp(lo - m)
 
 
 def blocked_attention(

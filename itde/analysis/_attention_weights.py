@@ -6,46 +6,25 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from .._operators._attention import _weighted
-from .._operators._blocked import _scores
+from .._operators._blocked import dense_softmax_parts
 from .._operators._mask import key_mask
 from .._operators._rope import rotate
 from ._common import _mask, _state, equation_of
 
 
 def _softmax_weights(q, k, *, token_log_weights, query_weights, score_bias, signed, causal, window):
-    """The weights `[heads, tokens, tokens]` that `dense_attention` applies to the values:
-    its scores and pair terms (the same `_scores`), its shift and its normalisation."""
-    n = q.shape[1]
-    dtype = jnp.result_type(q.dtype, k.dtype)
-    idx = jnp.arange(n)
-    s = jnp.einsum("hne,hme->hnm", q, k)
-    if token_log_weights is not None:
-        s = s + token_log_weights.astype(s.dtype)[None, None, :]
-    s, w = _scores(
-        s,
-        idx,
-        idx,
-        dtype,
-        query_weights=query_weights,
-        score_bias=score_bias,
-        signed_weights=signed,
-        causal=causal,
-        window=window,
-    )
-    lo = jnp.finfo(s.dtype).min
-    mx = jnp.maximum(jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)), lo)
-    p = jnp.exp(s - mx)
-    if w is not None:  # signed per-query weights multiply the exponentials
-        p = p * w[None]
-        ell = jnp.sum(p, axis=-1, keepdims=True)
-        return p / jnp.where(ell != 0, ell, 1.0)
-    ell = jnp.sum(p, axis=-1, keepdims=True) + jnp.exp(lo - mx)
+    """The weights `[heads, tokens, tokens]` that `dense_attention` applies to the values
+    (its own scores, shift and normalisation)."""
+    p, ell = dense_softmax_parts(
+        q, k, jnp.result_type(q.dtype, k.dtype), token_log_weights=token_log_weights,
+        query_weights=query_weights, score_bias=score_bias, signed_weights=signed,
+        causal=causal, window=window,
+    )  # fmt: skip
     return p / ell
 
 
