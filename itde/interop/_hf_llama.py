@@ -239,11 +239,38 @@ def float64_patches(module, prefix: str, gain_offset: float = 0.0):
     return ((norm, "forward", rms), rotary_patch(module, prefix))
 
 
-class LlamaFamily(AbstractHFFamily):
+class AbstractLlamaLike(AbstractHFFamily):
+    """A decoder laid out as Llama (`embed_tokens`, `layers` of `self_attn`/`mlp`, `norm`,
+    `rotary_emb`): converted by `convert_llama_like` (with the family's `window`), written
+    back by `write_llama_like`, its float32 steps patched in
+    `transformers.models.<module>.modeling_<module>` (classes `<prefix>RMSNorm`,
+    `<prefix>RotaryEmbedding`)."""
+
+    module: ClassVar[str]
+    prefix: ClassVar[str]
+
+    def convert(self, model, name):
+        return convert_llama_like(self, model, name, window=self.window(model.config))
+
+    def write(self, m, model):
+        write_llama_like(m, model)
+
+    def float64_patches(self):
+        import importlib
+
+        modeling = importlib.import_module(
+            f"transformers.models.{self.module}.modeling_{self.module}"
+        )
+        return float64_patches(modeling, self.prefix)
+
+
+class LlamaFamily(AbstractLlamaLike):
     """`LlamaModel` (any `head_dim`, `attention_bias`, `mlp_bias`, grouped-query
     attention; rope types `default`, `linear`, `llama3`)."""
 
     classes: ClassVar[tuple[str, ...]] = ("LlamaModel",)
+    module: ClassVar[str] = "llama"
+    prefix: ClassVar[str] = "Llama"
     fields: ClassVar[frozenset[str]] = LLAMA_FIELDS
 
     def check(self, model, name):
@@ -254,14 +281,3 @@ class LlamaFamily(AbstractHFFamily):
             model.config, "pretraining_tp", lambda v: v in (None, 1),
             "pretraining_tp only splits the matrices; it must be 1 for an exact forward.",
         )  # fmt: skip
-
-    def convert(self, model, name):
-        return convert_llama_like(self, model, name)
-
-    def write(self, m, model):
-        write_llama_like(m, model)
-
-    def float64_patches(self):
-        from transformers.models.llama import modeling_llama
-
-        return float64_patches(modeling_llama, "Llama")

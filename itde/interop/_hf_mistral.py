@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .._operators._window import SlidingWindow
-from ._hf_family import AbstractHFFamily
-from ._hf_llama import causal_checks, convert_llama_like, float64_patches, write_llama_like
+from ._hf_llama import AbstractLlamaLike, causal_checks
 
 MISTRAL_FIELDS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -19,29 +18,21 @@ MISTRAL_FIELDS = frozenset({
 })  # fmt: skip
 
 
-class MistralFamily(AbstractHFFamily):
+class MistralFamily(AbstractLlamaLike):
     """`MistralModel` (grouped-query attention, any `head_dim`; `sliding_window` W: every
     query reads the keys less than W tokens back)."""
 
     classes: ClassVar[tuple[str, ...]] = ("MistralModel",)
+    module: ClassVar[str] = "mistral"
+    prefix: ClassVar[str] = "Mistral"
     fields: ClassVar[frozenset[str]] = MISTRAL_FIELDS
 
     def check(self, model, name):
         super().check(model, name)
         causal_checks(model.config)
+
     def window(self, config):
         """Mistral's `sliding_window = W`: a query attends to the keys less than W tokens
         back (`kv_idx > q_idx - W`), the causal `SlidingWindow(W)` on the unit grid."""
         w = getattr(config, "sliding_window", None)
         return None if w is None else SlidingWindow(float(w))
-
-    def convert(self, model, name):
-        return convert_llama_like(self, model, name, window=self.window(model.config))
-
-    def write(self, m, model):
-        write_llama_like(m, model)
-
-    def float64_patches(self):
-        from transformers.models.mistral import modeling_mistral
-
-        return float64_patches(modeling_mistral, "Mistral")

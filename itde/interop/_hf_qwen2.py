@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from . import _hf_glue as g
-from ._hf_family import AbstractHFFamily
-from ._hf_llama import causal_checks, convert_llama_like, float64_patches, write_llama_like
+from ._hf_llama import AbstractLlamaLike, causal_checks
 
 QWEN2_FIELDS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -20,7 +19,7 @@ QWEN2_FIELDS = frozenset({
 })  # fmt: skip
 
 
-class Qwen2Family(AbstractHFFamily):
+class Qwen2Family(AbstractLlamaLike):
     """`Qwen2Model` (grouped-query attention, q/k/v biases; full attention in every layer).
 
     `config.sliding_window` is inert while every entry of `config.layer_types` is
@@ -30,6 +29,8 @@ class Qwen2Family(AbstractHFFamily):
     `use_sliding_window`)."""
 
     classes: ClassVar[tuple[str, ...]] = ("Qwen2Model",)
+    module: ClassVar[str] = "qwen2"
+    prefix: ClassVar[str] = "Qwen2"
     fields: ClassVar[frozenset[str]] = QWEN2_FIELDS
 
     def check(self, model, name):
@@ -47,14 +48,3 @@ class Qwen2Family(AbstractHFFamily):
             lambda v: v is None or all(t == "full_attention" for t in v),
             "the converted attention is full ('full_attention') in every layer.",
         )  # fmt: skip
-
-    def convert(self, model, name):
-        return convert_llama_like(self, model, name)
-
-    def write(self, m, model):
-        write_llama_like(m, model)
-
-    def float64_patches(self):
-        from transformers.models.qwen2 import modeling_qwen2
-
-        return float64_patches(modeling_qwen2, "Qwen2")
