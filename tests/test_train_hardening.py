@@ -369,3 +369,9 @@ def test_diverged_training_names_the_learning_rate(tmp_path):
     with pytest.raises(FloatingPointError, match=r"training stopped at step \d+.*last logged "
                        r"loss.*diverged: lower `optim.lr` \(now 1e\+06\)"):  # fmt: skip
         train(from_dict(TrainExperiment, table), out=tmp_path / "run")
+
+
+def test_on_eval_that_is_not_a_function_is_named_before_training(tmp_path):
+    with pytest.raises(TypeError, match=r"`on_eval`='print' must be a function of one metrics"):
+        train(from_dict(TrainExperiment, {}), out=tmp_path / "run", on_eval="print")
+    assert not (tmp_path / "run").exists()

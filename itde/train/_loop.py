@@ -464,6 +464,10 @@ def train(
 
     **Returns:** a [`TrainResult`][itde.train.TrainResult].
     """
+    if on_eval is not None and not callable(on_eval):
+        raise TypeError(
+            f"`on_eval`={on_eval!r} must be a function of one metrics row (a dict) or None."
+        )
     cfg, out, run, model, opt_state, start, wall0, rows = _open(
         cfg, out, resume, devices, source, overwrite
     )
