@@ -21,6 +21,7 @@ from ._geometry import (
     singular_values,
     token_geometry,
 )
+from ._report import analyze, figure_report, plot_report, report_depths
 from ._sensitivity import (
     LyapunovSpectrum,
     TokenExponents,
@@ -66,4 +67,9 @@ __all__ = [
     "singular_values",
     "spectra",
     "token_geometry",
+    # everything against depth (`itde analyze`)
+    "analyze",
+    "figure_report",
+    "plot_report",
+    "report_depths",
 ]

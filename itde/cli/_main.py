@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_solve(sub)
     _add_converge(sub)
+    from ._analyze import add_analyze
+
+    add_analyze(sub)
     from ._train import add_train_commands
 
     add_train_commands(sub)

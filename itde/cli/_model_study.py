@@ -34,9 +34,10 @@ def _sentences(path: str | None, n: int) -> list[str]:
     return lines[:n]
 
 
-def _hf_problem(directory: str, text: str | None, n: int):
-    """A Hugging Face model directory (loaded offline), converted; its embeddings of `n`
-    sentences and their mask."""
+def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = True):
+    """A Hugging Face model directory (loaded offline), converted (in its continuum form,
+    or as the network itself with `continuum=False`); its embeddings of `n` sentences and
+    their mask."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +58,8 @@ def _hf_problem(directory: str, text: str | None, n: int):
     tok = AutoTokenizer.from_pretrained(directory)
     model = AutoModel.from_pretrained(directory).eval().double()
     batch = tok(_sentences(text, n), padding=True, return_tensors="np")
-    m = from_hf(getattr(model, "base_model", model)).continuum_form()
+    m = from_hf(getattr(model, "base_model", model))
+    m = m.continuum_form() if continuum else m
     ids = jnp.asarray(batch["input_ids"])
     mask = jnp.asarray(batch["attention_mask"]).astype(bool)
     return m.equation, jax.vmap(m.embed)(ids), mask, None, ("lie", None), type(model).__name__

@@ -1,0 +1,381 @@
+r"""Every quantity of `itde.analysis` against depth for one model and a batch of inputs, as
+plain numbers: what `itde analyze` writes (a JSON) and draws (one panel per quantity).
+
+[`analyze`][itde.analysis.analyze] solves the model from each input with the depth
+integrator given (default: the discrete network, the paper's Lie scheme at one step per
+layer), saves the state at every depth of the report, and evaluates
+
+- the token geometry at each saved depth ([`geometry_along`][itde.analysis.geometry_along]),
+  averaged over the inputs;
+- the spectra of the operators the equation applies there ([`spectra`][itde.analysis.spectra]);
+- the leading finite-time Lyapunov exponent of the flow over each interval between two
+  consecutive depths (per layer, for a network), and of the whole depth, with the
+  token-level exponents ([`lyapunov_spectrum`][itde.analysis.lyapunov_spectrum],
+  [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents]) of the first input.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._controls import PiecewiseConstant
+from .._operators._mask import key_mask
+from .._solve import solve
+from ._common import equation_of
+from ._flow import FlowMap
+from ._geometry import geometry_along
+from ._sensitivity import lyapunov_spectrum, token_lyapunov_exponents
+from ._spectra import spectra
+
+#: The number of depth intervals of a report on a model whose controls are smooth in depth
+#: (a network's are its layers).
+DEFAULT_INTERVALS = 8
+
+
+def _floats(x):
+    """A JSON-able float or nested list of floats (NaN and infinities become None: JSON
+    has neither)."""
+    return _clean(np.asarray(x, dtype=np.float64).tolist())
+
+
+def _clean(v):
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v if math.isfinite(v) else None
+
+
+def report_depths(model, depths=None) -> np.ndarray:
+    r"""The depths of a report: a network's layer boundaries $t_0, \dots, t_L$, or for
+    smooth controls `depths` equal intervals of $[t_0, T]$ (an int, default
+    `DEFAULT_INTERVALS`) or the given increasing depths (an array) within $[t_0, T]$."""
+    eq = equation_of(model)
+    t0, t1 = float(eq.t0), float(eq.depth)
+    if isinstance(eq.controls, PiecewiseConstant) and depths is None:
+        return np.asarray(eq.controls.layer_times(), dtype=np.float64)
+    if depths is None:
+        depths = DEFAULT_INTERVALS
+    if isinstance(depths, (int, np.integer)) and not isinstance(depths, bool):
+        if depths < 1:
+            raise ValueError(f"`depths`={depths} must be a positive number of intervals.")
+        if isinstance(eq.controls, PiecewiseConstant):
+            raise ValueError(
+                f"`depths`={depths}: this model has per-layer controls, whose depths are its "
+                f"{eq.controls.n_layers} layers; leave `depths` unset (or give depths on "
+                "layer boundaries as an array)."
+            )
+        return np.linspace(t0, t1, int(depths) + 1)
+    ts = np.asarray(depths, dtype=np.float64)
+    if ts.ndim != 1 or ts.shape[0] < 2 or not np.all(np.diff(ts) > 0):
+        raise ValueError(
+            f"`depths` must be at least two increasing depths, got {np.round(ts, 6).tolist()}."
+        )
+    tol = 1e-9 * max(1.0, abs(t1))
+    if ts[0] < t0 - tol or ts[-1] > t1 + tol:
+        raise ValueError(
+            f"`depths` must lie in the model's depth interval [{t0}, {t1}], got "
+            f"[{ts[0]}, {ts[-1]}]."
+        )
+    return ts
+
+
+def _batch(u0, mask):
+    u0 = jnp.asarray(u0)
+    if u0.ndim == 2:
+        u0 = u0[None]
+        mask = None if mask is None else jnp.asarray(mask)[None]
+    if u0.ndim != 3:
+        raise ValueError(
+            f"`u0` must be one state [tokens, features] or a batch [inputs, tokens, features], "
+            f"got shape {u0.shape}."
+        )
+    if not jnp.issubdtype(u0.dtype, jnp.floating):
+        raise TypeError(f"`u0` must be a floating state, got dtype {u0.dtype}.")
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.shape != u0.shape[:2]:
+            raise ValueError(
+                f"`mask` must be [inputs, tokens] = {tuple(u0.shape[:2])} (False on padding), "
+                f"got shape {mask.shape}."
+            )
+        mask = jax.vmap(lambda m: key_mask(m, u0.shape[1]))(mask)
+    return u0, mask
+
+
+def _mean_over(x, axis=0):
+    """The mean over inputs, ignoring NaN (a padded or undefined entry)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        return np.nanmean(x, axis=axis) if x.size else x
+
+
+def analyze(
+    model,
+    u0,
+    mask=None,
+    *,
+    depths=None,
+    solver: diffrax.AbstractSolver | None = None,
+    dt0: float | None = None,
+    terms=None,
+    tol: float = 1e-3,
+    lyapunov: bool = True,
+    token_target: str | int = "last",
+    key=None,
+) -> dict:
+    r"""Every quantity of `itde.analysis` against depth, as a JSON-able dict.
+
+    **Arguments:**
+
+    - `model`: an `itde.TransformerIDE` or a model holding one (converted, trained).
+    - `u0`: the inputs' initial states, `[inputs, tokens, features]` (or one state).
+    - `mask`: `[inputs, tokens]` key masks (False on padding), or None.
+    - `depths`: see [`report_depths`][itde.analysis.report_depths] (default: every layer
+      boundary of a network; 8 intervals for smooth controls).
+    - `solver`, `dt0`, `terms`: the depth integrator, as in [`itde.solve`][itde.solve]
+      (default: the paper's Lie scheme, one step per layer: the discrete network). With
+      smooth controls give a step `dt0` that divides the intervals.
+    - `tol`: the cluster tolerance of [`cluster_count`][itde.analysis.cluster_count].
+    - `lyapunov`: also compute the exponents (the costly part: one power iteration per
+      interval, see below).
+    - `token_target`: the output the token exponents measure, as `target` of
+      [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents]: `"last"`
+      (default: the first input's last real token, the exponent of Tong et al., exact and
+      cheap: `features` VJPs), an output token index, `"all"` or `"self"` (power
+      iterations over every token's block: tens of times dearer).
+    - `key`: the PRNG key of the power iterations' random starts.
+
+    **Returns:** a dict with `"depths"` (the saved depths $t_0 < \dots < t_K$),
+    `"layer_boundaries"` (a network's, else `[]`), `"inputs"`, `"tokens"`, `"features"`,
+    `"heads"`, and
+
+    - `"geometry"`: each of `effective_rank`, `numerical_rank`, `mean_cosine`, `min_cosine`,
+      `n_clusters` as a list over depths (the mean over inputs), `attention_entropy`
+      `[depths][heads]` (None for signed partial-interval weights), and `residuals`
+      `{name: [depths]}` (the constraint residuals of the norm at each depth).
+    - `"spectra"`: at each depth where an interval starts, `qk_max_abs_eigenvalue` and
+      `qk_spectral_norm` ($W^Q {W^K}^\top$), `vo_spectral_norm` ($W^V W^O$), each
+      `[depths][heads]`, and `w1_spectral_norm`, `w2_spectral_norm` `[depths]`.
+    - `"lyapunov"` (if `lyapunov`): `intervals` `[[s, t], ...]`, `leading_exponent` and
+      `leading_singular_value` per interval (of the first input's flow map
+      $u(s) \mapsto u(t)$ on the whole state), `whole_depth` (the same over $[t_0, t_K]$),
+      `token_exponents` (each input token's leading exponent over $[t_0, t_K]$ towards
+      `token_target`; None on padding) and `token_target` (the index, or the name).
+    - `"wall_s"`: the wall-clock seconds spent.
+
+    **Cost:** one batched solve saving the states; a geometry evaluation per saved depth
+    and input (about two field evaluations, see `geometry_along`); the spectra (small
+    dense eigenproblems per head); and, with `lyapunov`, per interval a power iteration of
+    JVPs and VJPs through that interval's solve (each interval compiles once), then the
+    whole-depth spectrum and the token exponents (tokens × a few tangents per iteration).
+    """
+    start = time.perf_counter()
+    eq = equation_of(model)
+    ts = report_depths(eq, depths)
+    u0, mask = _batch(u0, mask)
+    fixed = dict(solver=solver, dt0=dt0, terms=terms)
+    save = diffrax.SaveAt(ts=jnp.asarray(ts, dtype=jnp.result_type(float)))
+
+    def one(u, m):
+        ys = solve(eq, u, saveat=save, args=m, **fixed).ys
+        assert ys is not None
+        return ys.astype(u.dtype)
+
+    if mask is None:
+        ys = jax.jit(jax.vmap(lambda u: one(u, None)))(u0)
+    else:
+        ys = jax.jit(jax.vmap(one))(u0, mask)
+    ts_arr = jnp.asarray(ts, dtype=ys.dtype)
+    per_input = [
+        geometry_along(eq, ts_arr, ys[i], None if mask is None else mask[i], tol=tol)
+        for i in range(ys.shape[0])
+    ]
+    geometry = {
+        name: _floats(_mean_over([getattr(g, name) for g in per_input]))
+        for name in ("effective_rank", "numerical_rank", "mean_cosine", "min_cosine", "n_clusters")
+    }
+    entropy = per_input[0].attention_entropy
+    geometry["attention_entropy"] = (
+        None if entropy is None else _floats(_mean_over([g.attention_entropy for g in per_input]))
+    )
+    geometry["residuals"] = {
+        k: _floats(_mean_over([g.residuals[k] for g in per_input])) for k in per_input[0].residuals
+    }
+    network = isinstance(eq.controls, PiecewiseConstant)
+    starts = ts[:-1]
+    sp = spectra(eq, starts)
+    spec = {
+        "depths": _floats(starts),
+        "qk_max_abs_eigenvalue": _floats(jnp.abs(sp.qk_eigenvalues)[..., 0]),
+        "qk_spectral_norm": _floats(sp.qk_singular_values[..., 0]),
+        "vo_spectral_norm": _floats(sp.vo_singular_values[..., 0]),
+        "w1_spectral_norm": _floats(sp.w1_singular_values[..., 0]),
+        "w2_spectral_norm": _floats(sp.w2_singular_values[..., 0]),
+    }
+    out = {
+        "depths": _floats(ts),
+        "layer_boundaries": _floats(eq.controls.layer_times()) if network else [],
+        "inputs": int(ys.shape[0]),
+        "tokens": int(ys.shape[2]),
+        "features": int(ys.shape[3]),
+        "heads": int(sp.qk_eigenvalues.shape[1]),
+        "dtype": str(ys.dtype),
+        "geometry": geometry,
+        "spectra": spec,
+    }
+    if lyapunov:
+        out["lyapunov"] = _lyapunov(eq, ts, ys, mask, fixed, key, token_target)
+    out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+def _layer_equations(eq, ts):
+    """For per-layer controls reported at their layer boundaries: each layer as a one-layer
+    model starting at the first boundary (the same structure for every layer, so one
+    compilation serves all); else None."""
+    c = eq.controls
+    if not isinstance(c, PiecewiseConstant) or len(ts) != c.n_layers + 1:
+        return None
+    if not np.allclose(ts, c.layer_times(), rtol=0, atol=1e-9 * max(1.0, float(c.t1))):
+        return None
+    return [
+        eqx.tree_at(
+            lambda e: e.controls,
+            eq,
+            PiecewiseConstant(
+                jax.tree.map(lambda a: a[n : n + 1], c.values), t0=c.t0, layer_length=c.layer_length
+            ),
+        )  # fmt: skip
+        for n in range(c.n_layers)
+    ]
+
+
+def _lyapunov(eq, ts, ys, mask, fixed, key, token_target) -> dict:
+    """The leading exponent over each interval and the whole depth, and the token
+    exponents, for the first input."""
+    key = jax.random.key(0) if key is None else key
+    m = None if mask is None else mask[0]
+    opts = dict(solver=fixed["solver"], dt0=fixed["dt0"], terms=fixed["terms"])
+    leading = eqx.filter_jit(
+        lambda flow, u, k: lyapunov_spectrum(flow, u, 1, mask=m, key=k)
+    )  # one compilation for every flow map of the same structure
+    layers = _layer_equations(eq, ts)
+    lead, sig, intervals = [], [], []
+    for i, (s, t) in enumerate(zip(ts[:-1], ts[1:], strict=True)):
+        if layers is not None:  # layer i alone, at the same depths as layer 0: one compile
+            flow = FlowMap(layers[i], float(ts[0]), float(ts[1]), **opts)
+        else:
+            flow = FlowMap(eq, float(s), float(t), **opts)
+        # the state reached at s along the report's own solve (the continuum kinds of terms
+        # project on entry: a state on the constraint set is left where it is)
+        r = leading(flow, ys[0, i], jax.random.fold_in(key, i))
+        lead.append(float(r.exponents[0]))
+        sig.append(float(r.singular_values[0]))
+        intervals.append([float(s), float(t)])
+    whole = FlowMap(eq, float(ts[0]), float(ts[-1]), **opts)
+    r = lyapunov_spectrum(whole, ys[0, 0], 1, mask=m, key=key)
+    if isinstance(token_target, str) and token_target == "last":
+        token_target = int(ys.shape[2] - 1 if m is None else int(np.flatnonzero(m)[-1]))
+    tok = token_lyapunov_exponents(whole, ys[0, 0], target=token_target, mask=m, key=key)
+    return {
+        "intervals": intervals,
+        "leading_exponent": _floats(lead),
+        "leading_singular_value": _floats(sig),
+        "whole_depth": {
+            "interval": [float(ts[0]), float(ts[-1])],
+            "leading_exponent": _floats(r.exponents[0]),
+            "leading_singular_value": _floats(r.singular_values[0]),
+        },
+        "token_exponents": _floats(tok.exponents[:, 0]),
+        "token_target": token_target,
+    }
+
+
+def figure_report(report: dict, title: str = ""):
+    """The figure of a report: one panel per quantity, depth on the x-axis, the layer
+    boundaries marked (dotted lines), heads as separate lines; the token exponents as a
+    histogram. Returns the matplotlib figure."""
+    from .._plot import _pyplot, readable_log_ticks, series_style
+
+    plt = _pyplot()
+    ts = np.asarray(report["depths"], dtype=float)
+    g, sp = report["geometry"], report["spectra"]
+    starts = np.asarray(sp["depths"], dtype=float)
+    panels: list[tuple[str, np.ndarray, object, str]] = [
+        ("effective rank", ts, g["effective_rank"], "linear"),
+        ("mean / min cosine", ts, {"mean": g["mean_cosine"], "min": g["min_cosine"]}, "linear"),
+        ("clusters (tol)", ts, g["n_clusters"], "linear"),
+    ]
+    if g["attention_entropy"] is not None:
+        panels.append(("attention entropy per head", ts, _heads(g["attention_entropy"]), "linear"))
+    if g["residuals"]:
+        panels.append(("constraint residuals", ts, g["residuals"], "log"))
+    panels += [
+        ("max |eig| of W^Q W^K^T per head", starts, _heads(sp["qk_max_abs_eigenvalue"]), "log"),
+        ("||W^V W^O|| per head", starts, _heads(sp["vo_spectral_norm"]), "log"),
+        ("feed-forward spectral norms", starts,
+         {"W1": sp["w1_spectral_norm"], "W2": sp["w2_spectral_norm"]}, "log"),
+    ]  # fmt: skip
+    lyap = report.get("lyapunov")
+    if lyap is not None:
+        mids = np.asarray([(s + t) / 2 for s, t in lyap["intervals"]])
+        panels.append(("leading Lyapunov exponent per interval", mids,
+                       lyap["leading_exponent"], "linear"))  # fmt: skip
+    n = len(panels) + (lyap is not None)
+    cols = 3
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    flat = axes.ravel()
+    bounds = report.get("layer_boundaries") or []
+    for ax, (name, x, ys, scale) in zip(flat, panels, strict=False):
+        series = ys if isinstance(ys, dict) else {"": ys}
+        for i, (label, y) in enumerate(series.items()):
+            y = np.asarray([np.nan if v is None else v for v in y], dtype=float)
+            style = series_style(i, len(series))
+            if scale == "log":
+                y = np.where(y > 0, y, np.nan)
+            ax.plot(x, y, label=label or None, markersize=4, **style)
+        if scale == "log" and np.any(np.isfinite(ax.get_ylim())):
+            ax.set_yscale("log")
+            readable_log_ticks(ax.yaxis)
+        for b in bounds:
+            ax.axvline(b, color="0.8", lw=0.6, ls=":", zorder=0)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("depth t", fontsize=8)
+        if len(series) > 1 and len(series) <= 8:
+            ax.legend(fontsize=7)
+    if lyap is not None:
+        ax = flat[len(panels)]
+        tok = np.asarray([v for v in lyap["token_exponents"] if v is not None], dtype=float)
+        ax.hist(tok, bins=max(5, min(30, tok.size // 2)), color="C0")
+        w = lyap["whole_depth"]["leading_exponent"]
+        if w is not None:
+            ax.axvline(w, color="C3", lw=1, label="whole state")
+            ax.legend(fontsize=7)
+        ax.set_title(f"token Lyapunov exponents (towards {lyap['token_target']})", fontsize=9)
+        ax.set_xlabel("exponent", fontsize=8)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _heads(rows) -> dict:
+    """`[depths][heads]` as one series per head (at most 8 labelled)."""
+    a = np.asarray([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
+    return {f"head {h}": a[:, h].tolist() for h in range(a.shape[1])}
+
+
+def plot_report(report: dict, path, title: str = ""):
+    """Write [`figure_report`][itde.analysis.figure_report] as a PNG to `path`."""
+    from .._plot import save_figure
+
+    return save_figure(figure_report(report, title), path)
