@@ -158,6 +158,13 @@ def solve(
     - `args`: per-sequence data handed to the vector fields, as diffrax's `args`: for a
       `TransformerIDE`, the key mask (`[tokens]` booleans, False on padding; `[batch,
       tokens]` with `batched=True`), or None.
+
+    **Checks at run time.** A NaN or infinite `u0`, and a state that overflows during the
+    solve, raise with a message that says which (`equinox.error_if`). Under
+    `eqx.filter_jit` that message is the exception's own (`EquinoxRuntimeError: itde.solve:
+    ...`). Under plain `jax.jit` JAX wraps it: the exception is a `JaxRuntimeError`
+    starting `INTERNAL: CpuCallback error`, and the message is the line beginning
+    `itde.solve:` inside it. Jit with `eqx.filter_jit` to read it first.
     """
     solver = LieTrotter() if solver is None else solver
     t0, t1, dt0, max_steps, batched = _check_arguments(

@@ -135,3 +135,25 @@ def test_a_concrete_integer_mask_captured_inside_jit():
     mask = np.array([1, 1, 0])
     got = jax.jit(lambda u: m(u, mask))(x)
     assert jnp.allclose(got[:2], m(x, jnp.array([True, True, False]))[:2])
+
+
+def test_nan_input_under_jit_of_vmap_is_named_in_both_jits():
+    """`jax.jit(jax.vmap(...))` of a batch with one NaN: JAX wraps the check's message in
+    a `CpuCallback error`, but the message is in it, on a line of its own; under
+    `eqx.filter_jit` (what the docstring recommends) it is the exception's message."""
+    import equinox as eqx
+
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=8, n_heads=2)
+    x = jnp.ones((3, 5, 8)).at[1, 2, 3].set(jnp.nan)
+
+    def f(u):
+        return itde.solve(m, u).ys[-1]
+
+    said = "itde.solve: the initial state `u0` has a NaN or infinite entry"
+    with pytest.raises(Exception) as e:
+        jax.block_until_ready(jax.jit(jax.vmap(f))(x))
+    assert "CpuCallback" in str(e.value)
+    assert any(line.split("Error: ", 1)[-1].startswith(said) for line in str(e.value).splitlines())
+    with pytest.raises(eqx.EquinoxRuntimeError, match=said):
+        jax.block_until_ready(eqx.filter_jit(jax.vmap(f))(x))
+    assert "jax.jit" in itde.solve.__doc__ and "CpuCallback" in itde.solve.__doc__

@@ -142,7 +142,8 @@ def format_report(report: dict) -> str:
         tok = np.asarray([v for v in lyap["token_exponents"] if v is not None], dtype=float)
         lines.append(
             f"whole depth [{w['interval'][0]:g}, {w['interval'][1]:g}]: leading exponent "
-            f"{_fmt(w['leading_exponent'], '.4f')}; token exponents (first input) mean "
+            f"{_fmt(w['leading_exponent'], '.4f')}; token exponents (first input, towards "
+            f"{lyap['token_target']}) mean "
             f"{tok.mean():.4f}, min {tok.min():.4f}, max {tok.max():.4f}"
         )
     return "\n".join(lines)
