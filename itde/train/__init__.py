@@ -21,6 +21,7 @@ from ._checkpoint import save as save_checkpoint
 from ._config import (
     COMPUTE_DTYPES,
     ConfigError,
+    ContinuityConfig,
     ModelConfig,
     OptimConfig,
     RunConfig,
@@ -30,6 +31,7 @@ from ._config import (
     load,
     to_dict,
 )
+from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss, transport_cost
 from ._evaluate import evaluate
 from ._loop import (
     Run,
@@ -54,6 +56,8 @@ __all__ = [
     "CharLM",
     "CheckpointError",
     "ConfigError",
+    "ContinuityConfig",
+    "DepthRegularisation",
     "FieldModel",
     "ModelConfig",
     "OptimConfig",
@@ -64,6 +68,7 @@ __all__ = [
     "TokenModel",
     "TrainExperiment",
     "build_model",
+    "continuity_metrics",
     "evaluate",
     "from_dict",
     "load",
@@ -76,11 +81,13 @@ __all__ = [
     "place",
     "predict",
     "read_checkpoint_meta",
+    "regularised_loss",
     "sample",
     "sample_stream",
     "save_checkpoint",
     "to_dict",
     "train",
+    "transport_cost",
     "TrainResult",
     "with_depth",
 ]

@@ -22,6 +22,7 @@ from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
 __all__ = [
     "COMPUTE_DTYPES",
     "ConfigError",
+    "ContinuityConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
@@ -252,13 +253,53 @@ class RunConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContinuityConfig:
+    r"""Keeping a continuous-depth model a discretisation of its equation (the
+    `[continuity]` table; see `itde.train.DepthRegularisation`): `consistency` $\mu \ge 0$
+    weighs the squared relative distance between the outputs at the training step and at
+    half of it; `transport` $\lambda \ge 0$ the transport cost $\int \|u_t\|^2 dt$ of the
+    training solve; `refine` $r$ (an integer $\ge 2$, or 0 for none) sets the metric logged
+    at every evaluation of a continuous model, the distance of its held-out outputs to
+    those at $1/r$ of its step (`eval_continuum_distance`)."""
+
+    consistency: float = 0.0
+    transport: float = 0.0
+    refine: int = 8
+
+    def __post_init__(self):
+        for name in ("consistency", "transport"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (math.isfinite(v) and v >= 0):
+                raise ConfigError(
+                    f"`continuity.{name}` must be a finite weight >= 0 (0: off), got {v!r}"
+                )
+        if isinstance(self.refine, bool) or not (self.refine == 0 or self.refine >= 2):
+            raise ConfigError(
+                f"`continuity.refine`={self.refine!r} must be an integer >= 2 (the refined "
+                "step is dt / refine) or 0 to log no distance"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainExperiment:
-    """The config of `itde train`: `task`, `model`, `optim` and `run` tables."""
+    """The config of `itde train`: `task`, `model`, `optim`, `run` and `continuity`
+    tables."""
 
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    continuity: ContinuityConfig = dataclasses.field(default_factory=ContinuityConfig)
+
+    def __post_init__(self):
+        c = self.continuity
+        if not self.model.continuous and (c.consistency > 0 or c.transport > 0):
+            key = "consistency" if c.consistency > 0 else "transport"
+            raise ConfigError(
+                f"`continuity.{key}` > 0 asks a per-layer network (`model.scheme` = 'lie') to "
+                "stay close to an equation it does not discretise; train a continuous model "
+                "(`model.scheme` = 'rk4', 'strang', ... with `model.n_modes`) or set it to 0"
+            )
 
 
 # Keys that may differ between a checkpoint and a resumed run: they do not change the

@@ -66,6 +66,7 @@ from ._config import (
     from_dict,
     to_dict,
 )
+from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss
 from ._evaluate import evaluate
 from ._model import loss_fn
 from ._tasks import TASKS
@@ -111,18 +112,25 @@ def make_optimizer(o) -> optax.GradientTransformation:
 
 
 @eqx.filter_jit
-def train_step(model, opt_state, batch, optimizer, task, compute_dtype=None):
+def train_step(model, opt_state, batch, optimizer, task, compute_dtype=None, regularisation=None):
     """One step of `optimizer` on the loss of `batch`: `(model, opt_state, loss)`.
 
-    Pure in `(model, opt_state, batch)`; `optimizer`, `task` and `compute_dtype` are
-    static (compiled in)."""
-    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, batch, task, compute_dtype)
+    Pure in `(model, opt_state, batch)`; `optimizer`, `task`, `compute_dtype` and
+    `regularisation` (a [`DepthRegularisation`][itde.train.DepthRegularisation] or None)
+    are static (compiled in)."""
+    if regularisation is not None and regularisation.active:
+        objective = functools.partial(regularised_loss, reg=regularisation)
+    else:
+        objective = loss_fn
+    loss, grads = eqx.filter_value_and_grad(objective)(model, batch, task, compute_dtype)
     params = eqx.filter(model, eqx.is_inexact_array)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return eqx.apply_updates(model, updates), opt_state, loss
 
 
-def make_step(optimizer: optax.GradientTransformation, task, compute_dtype=None):
+def make_step(
+    optimizer: optax.GradientTransformation, task, compute_dtype=None, regularisation=None
+):
     """The training step as a function of `(model, opt_state, batch)` only.
 
     **Arguments:**
@@ -131,10 +139,14 @@ def make_step(optimizer: optax.GradientTransformation, task, compute_dtype=None)
     - `task`: the task, an instance of a class of [`TASKS`][itde.train.TASKS] (its `loss`).
     - `compute_dtype`: e.g. `jnp.bfloat16` for the forward and backward passes (default:
       the parameters' dtype).
+    - `regularisation`: the continuity terms added to the loss, a
+      [`DepthRegularisation`][itde.train.DepthRegularisation] (e.g. `Run(cfg).regularisation`)
+      or None.
     """
     return functools.partial(
-        train_step, optimizer=optimizer, task=task, compute_dtype=compute_dtype
-    )
+        train_step, optimizer=optimizer, task=task, compute_dtype=compute_dtype,
+        regularisation=regularisation,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------- sharding
@@ -207,6 +219,8 @@ class Run:
         self.schedule = make_schedule(cfg.optim)
         dtype = COMPUTE_DTYPES[cfg.run.dtype]
         self.compute_dtype = None if dtype is None else jnp.dtype(dtype)
+        c = cfg.continuity
+        self.regularisation = DepthRegularisation(c.consistency, c.transport)
         # who the checkpoints and metrics rows belong to (process 0's is the one written)
         self.run_id = uuid.uuid4().hex[:16]
 
@@ -490,7 +504,8 @@ def train(
             out / "metrics.jsonl",
             lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()),
         )
-    step_fn = make_step(run.optimizer, run.task, run.compute_dtype)
+    step_fn = make_step(run.optimizer, run.task, run.compute_dtype, run.regularisation)
+    refine = cfg.continuity.refine if cfg.model.continuous else 0
     chunks = run.eval_chunks()
     show = r.progress if progress is None else progress
     from tqdm.auto import tqdm
@@ -521,6 +536,8 @@ def train(
             }
             if evaluating:
                 row.update(evaluate(model, chunks, run.task, run.compute_dtype))
+                if refine:  # how far the model is from its own equation, refined
+                    row.update(continuity_metrics(model, chunks[0][0], refine))
             last = row
             if is_main:
                 with open(out / "metrics.jsonl", "a") as f:
