@@ -15,11 +15,11 @@ from ._help import Names, writes
 
 
 def _load_config(path):
-    from ..train import TrainExperiment, load
+    from ..train import TrainExperiment, load_config
 
     if path is None:
         return None, "<built-in default>"
-    return load(TrainExperiment, path), str(path)
+    return load_config(TrainExperiment, path), str(path)
 
 
 def cmd_train(args) -> int:
