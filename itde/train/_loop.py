@@ -142,15 +142,18 @@ def _micro_batches(batch, k: int, n: int, mesh):
     return micro
 
 
-def _value_and_grad(model, batch, task, compute_dtype, accumulate, mesh, sharded):
+def _value_and_grad(model, batch, task, compute_dtype, accumulate, mesh, fsdp_mesh):
     """The loss of `batch` and its gradient, as `accumulate` micro-batches summed in a
-    `jax.lax.scan` and divided by their number."""
+    `jax.lax.scan` and divided by their number (the running sum in the parameters'
+    layout on `fsdp_mesh`, if given)."""
     value_and_grad = eqx.filter_value_and_grad(loss_fn)
     if accumulate == 1:
         return value_and_grad(model, batch, task, compute_dtype)
     n = 1 if mesh is None else mesh.size
     micro = _micro_batches(batch, accumulate, n, mesh)
-    layout = (lambda t: shd.constrain(t, mesh)) if sharded else (lambda t: t)
+
+    def layout(tree):
+        return tree if fsdp_mesh is None else shd.constrain(tree, fsdp_mesh)
 
     def body(carry, part):
         loss_sum, grad_sum = carry
@@ -173,16 +176,16 @@ def train_step(
     `accumulate` and `mesh` are static (compiled in). On a `mesh` with `fsdp > 1` the
     parameters are gathered for the passes, the gradient is reduce-scattered to their
     layout, and the parameters and optimiser state leave in it."""
-    sharded = mesh is not None and mesh.shape[shd.FSDP] > 1
+    fsdp_mesh = mesh if mesh is not None and mesh.shape[shd.FSDP] > 1 else None
     params = eqx.filter(model, eqx.is_inexact_array)
-    whole = shd.constrain(model, mesh, replicated=True) if sharded else model
-    loss, grads = _value_and_grad(whole, batch, task, compute_dtype, accumulate, mesh, sharded)
-    if sharded:
-        grads = shd.constrain(grads, mesh)
+    whole = model if fsdp_mesh is None else shd.constrain(model, fsdp_mesh, replicated=True)
+    loss, grads = _value_and_grad(whole, batch, task, compute_dtype, accumulate, mesh, fsdp_mesh)
+    if fsdp_mesh is not None:
+        grads = shd.constrain(grads, fsdp_mesh)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     model = eqx.apply_updates(model, updates)
-    if sharded:
-        model, opt_state = shd.constrain(model, mesh), shd.constrain(opt_state, mesh)
+    if fsdp_mesh is not None:
+        model, opt_state = shd.constrain(model, fsdp_mesh), shd.constrain(opt_state, fsdp_mesh)
     return model, opt_state, loss
 
 
