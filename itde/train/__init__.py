@@ -12,6 +12,7 @@
   [`evaluate`][]; the layout over devices [`make_mesh`][], [`fsdp_spec`][], [`place`][];
   checkpoints [`save_checkpoint`][], [`load_checkpoint`][], [`read_checkpoint_meta`][],
   [`CheckpointError`][].
+- A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
 - Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
 """
 
@@ -32,8 +33,8 @@ from ._config import (
     load_config,
     to_dict,
 )
-from ._config import load_config as load
 from ._evaluate import evaluate
+from ._load import load
 from ._loop import (
     Run,
     TrainResult,
