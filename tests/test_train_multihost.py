@@ -110,7 +110,7 @@ WORKER = textwrap.dedent(
         print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
         sys.exit(3)
     np.savez(a["result"], *leaves((s.model, s.opt_state)))
-    stamp(f"DONE {s['step']}")
+    stamp(f"DONE {s.step}")
     if a["hang"]:  # wait to be killed, as a preempted job would be; stop by itself anyway
         time.sleep(120)
     """
@@ -265,7 +265,7 @@ def test_two_processes_killed_and_resumed_equal_one_process(tmp_path):
     for i in range(2):
         _assert_bitwise(ref_state, _state(tmp_path / f"final{i}.npz"))
     final = json.loads((outs[0] / "checkpoint.json").read_text())
-    assert final.step == CONFIG["optim"]["steps"]
+    assert final["step"] == CONFIG["optim"]["steps"]
     ref_sidecar = json.loads((tmp_path / "ref" / "checkpoint.json").read_text())
     assert final["sha256"] == ref_sidecar["sha256"]  # the saved state files are equal too
     # every step logged once, with the uninterrupted run's loss
