@@ -111,6 +111,10 @@ SCRIPT = textwrap.dedent(
     # a sharded, accumulating run killed after step 1 and resumed equals the whole run
     t = time.perf_counter()
     out = Path(tempfile.mkdtemp())
+    try:  # 16 examples do not split into 4 micro-batches over 8 devices
+        train(config(4, 4), out=out / "refused")
+    except ValueError as e:
+        result["refused"] = [str(e), (out / "refused").exists()]
     cfg = config(4, 2)
     full = train(cfg, out=out / "full")
     part = train(cfg, out=out / "part", stop_at=1)
@@ -212,6 +216,12 @@ def test_accumulated_step_equals_the_whole_batch_step(measured):
     _assert_fsdp_layout(measured["layout_after_accumulated"])
 
 
+def test_batch_the_micro_batches_and_devices_do_not_divide_is_refused(measured):
+    message, written = measured["refused"]
+    assert "`optim.batch_size`=16 does not split into `optim.accumulate`=4" in message
+    assert "over the 8 devices" in message and "multiple of 32" in message and not written
+
+
 def test_sharded_run_resumes_bitwise_and_loads_whole(measured):
     """A sharded, accumulating run killed after its step-1 checkpoint and resumed ends
     equal, bit for bit, to the uninterrupted run, in the FSDP layout; `load` returns the
@@ -222,3 +232,23 @@ def test_sharded_run_resumes_bitwise_and_loads_whole(measured):
     assert loaded["equal"] and loaded["keys_equal"], loaded
     assert loaded["devices"] == [1] and loaded["step"] == 2 and loaded["run_id"], loaded
     assert loaded["fsdp"] == 4 and loaded["accumulate"] == 2, loaded
+
+
+def test_bad_layout_settings_name_the_key_the_value_and_the_fix():
+    import jax
+
+    from itde.train import ConfigError, Run, TrainExperiment, from_dict, make_step
+
+    table = {"optim": {"batch_size": 10, "accumulate": 4}}
+    with pytest.raises(ConfigError, match=r"`optim.accumulate`=4 .*`optim.batch_size`=10"):
+        from_dict(TrainExperiment, table)
+    with pytest.raises(ConfigError, match=r"`parallel.fsdp` must be positive, got 0"):
+        from_dict(TrainExperiment, {"parallel": {"fsdp": 0}})
+    cfg = from_dict(TrainExperiment, {"parallel": {"fsdp": 3}})
+    with pytest.raises(ValueError, match=r"`parallel.fsdp`=3 does not divide the 1 devices"):
+        Run(cfg, devices=jax.devices()[:1])
+    run = Run(TrainExperiment(), devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"`accumulate`=0 must be a positive integer"):
+        make_step(run.optimizer, run.task, accumulate=0)
+    with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh"):
+        make_step(run.optimizer, run.task, mesh="data")

@@ -242,3 +242,14 @@ def test_load_refuses_what_is_not_a_run_directory(trained, tmp_path):
     (bad / meta["leaves"]).write_bytes(b"damaged")
     with pytest.raises(CheckpointError, match=r"`directory`=.*truncated.*restore the dire"):
         load(bad)
+
+
+def test_layout_keys_may_change_on_resume(trained):
+    """`[optim] accumulate` and `[parallel] fsdp` change how a step is computed, not which:
+    a run may resume with other values (on a machine with fewer devices or less memory)."""
+    from itde.train._loop import config_for_resume
+
+    _, out = trained
+    table = {**TINY, "optim": {**TINY["optim"], "accumulate": 2}, "parallel": {"fsdp": 2}}
+    other = from_dict(TrainExperiment, table)
+    assert config_for_resume(out, other, "other.toml")[0] == other
