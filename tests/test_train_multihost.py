@@ -71,8 +71,8 @@ WORKER = textwrap.dedent(
     from itde.train import train
     stamp("imported")
     cfg = from_dict(TrainExperiment, a["config"]) if a["config"] else None
-    leaves = lambda tree: [np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array)
-                           else x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
+    from itde.train._sharding import to_host  # whole arrays (a collective if sharded)
+    leaves = lambda tree: jax.tree.leaves(to_host(eqx.filter(tree, eqx.is_array)))
     if a["mode"] == "restore":  # no training: process 0 writes, both restore
         from itde.train import Run, save_checkpoint
         run = Run(cfg)
@@ -110,7 +110,10 @@ WORKER = textwrap.dedent(
         print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
         sys.exit(3)
     np.savez(a["result"], *leaves((s.model, s.opt_state)))
-    stamp(f"DONE {s['step']}")
+    split = [not x.sharding.is_fully_replicated
+             for x in jax.tree.leaves(eqx.filter((s.model, s.opt_state), eqx.is_array))]
+    print(f"SPLIT {sum(split)}", flush=True)
+    stamp(f"DONE {s.step}")
     if a["hang"]:  # wait to be killed, as a preempted job would be; stop by itself anyway
         time.sleep(120)
     """
@@ -231,9 +234,15 @@ def _losses(path: Path) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_two_processes_killed_and_resumed_equal_one_process(tmp_path):
+@pytest.mark.parametrize("fsdp", [1, 2], ids=["replicated", "fsdp2"])
+def test_two_processes_killed_and_resumed_equal_one_process(tmp_path, fsdp):
+    """With `fsdp = 2` every large parameter is split across the two processes: the
+    checkpoint is gathered from both and restored into the split layout."""
     outs = [tmp_path / "out0", tmp_path / "nowhere" / "out1"]  # process 1's never exists
-    base = dict(mode="train", config=CONFIG, resume=None, stop_at=None, hang=False)
+    config = {**CONFIG, "parallel": {"fsdp": fsdp}}
+    if fsdp > 1:  # arrays of MIN_SHARD_SIZE elements and more, so that some are split
+        config["model"] = {**CONFIG["model"], "n_features": 32, "n_hidden": 64}
+    base = dict(mode="train", config=config, resume=None, stop_at=None, hang=False)
     ref, ref_log = _start(
         tmp_path, "ref", num_processes=1, process_id=0, port=0, **base,
         out=str(tmp_path / "ref"), result=str(tmp_path / "ref.npz"),
@@ -262,10 +271,13 @@ def test_two_processes_killed_and_resumed_equal_one_process(tmp_path):
 
     ref_state = _state(tmp_path / "ref.npz")
     assert len(ref_state) > 10
+    split = {int(line.split()[1]) for log in logs for line in log.read_text().splitlines()
+             if line.startswith("SPLIT ")}  # fmt: skip
+    assert (split == {0}) if fsdp == 1 else (len(split) == 1 and min(split) >= 10), split
     for i in range(2):
         _assert_bitwise(ref_state, _state(tmp_path / f"final{i}.npz"))
     final = json.loads((outs[0] / "checkpoint.json").read_text())
-    assert final.step == CONFIG["optim"]["steps"]
+    assert final["step"] == CONFIG["optim"]["steps"]
     ref_sidecar = json.loads((tmp_path / "ref" / "checkpoint.json").read_text())
     assert final["sha256"] == ref_sidecar["sha256"]  # the saved state files are equal too
     # every step logged once, with the uninterrupted run's loss

@@ -3,6 +3,7 @@ a missing, truncated or mismatched checkpoint is an error, never a silent fresh 
 
 import json
 import shutil
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -15,12 +16,14 @@ from itde.train import (
     Run,
     TrainExperiment,
     from_dict,
+    load,
     load_checkpoint,
     read_checkpoint_meta,
     train,
 )
 
 SIDECAR = "checkpoint.json"
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
     "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},
@@ -207,3 +210,46 @@ def test_another_runs_checkpoint_copied_in_is_refused(trained, tmp_path):
     with pytest.raises(ValueError, match=r"line 1 belongs to run '0123456789abcdef'.*"
                        rf"{meta['run_id']}.*copied into this directory"):  # fmt: skip
         train(resume=mixed)
+
+
+def test_load_returns_the_trained_model_its_config_and_sidecar(trained):
+    cfg, out = trained
+    model, loaded, meta = load(out)
+    assert loaded == cfg and meta["step"] == 2 == read_checkpoint_meta(out)["step"]
+    assert meta["run_id"] == read_checkpoint_meta(out)["run_id"]
+    (want, _), _ = load_checkpoint(out, Run(cfg).init_state())
+    _assert_bitwise(want, model)
+    initial, _ = Run(cfg).init_state()
+    assert not all(np.array_equal(a, b) for a, b in zip(_leaves(initial), _leaves(model)))
+    assert load(TrainExperiment, ROOT / "configs" / "sort.toml") == TrainExperiment()
+
+
+def test_load_refuses_what_is_not_a_run_directory(trained, tmp_path):
+    _, out = trained
+    with pytest.raises(CheckpointError, match=r"`directory`='.*nowhere'.*does not exist; give"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match=r"`directory`=.*holds no checkpoint"):
+        load(tmp_path)
+    with pytest.raises(CheckpointError, match=r"is a TOML config.*load_config\(TrainExp"):
+        load(ROOT / "configs" / "sort.toml")
+    with pytest.raises(TypeError, match=r"`directory`=3 must be the path"):
+        load(3)
+    with pytest.raises(TypeError, match=r"`path`='x.toml' is only for `load\(TrainExperiment"):
+        load(out, "x.toml")
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = read_checkpoint_meta(bad)
+    (bad / meta["leaves"]).write_bytes(b"damaged")
+    with pytest.raises(CheckpointError, match=r"`directory`=.*truncated.*restore the dire"):
+        load(bad)
+
+
+def test_layout_keys_may_change_on_resume(trained):
+    """`[optim] accumulate` and `[parallel] fsdp` change how a step is computed, not which:
+    a run may resume with other values (on a machine with fewer devices or less memory)."""
+    from itde.train._loop import config_for_resume
+
+    _, out = trained
+    table = {**TINY, "optim": {**TINY["optim"], "accumulate": 2}, "parallel": {"fsdp": 2}}
+    other = from_dict(TrainExperiment, table)
+    assert config_for_resume(out, other, "other.toml")[0] == other

@@ -15,11 +15,11 @@ from ._help import Names, writes
 
 
 def _load_config(path):
-    from ..train import TrainExperiment, load
+    from ..train import TrainExperiment, load_config
 
     if path is None:
         return None, "<built-in default>"
-    return load(TrainExperiment, path), str(path)
+    return load_config(TrainExperiment, path), str(path)
 
 
 def cmd_train(args) -> int:
@@ -70,16 +70,16 @@ def _print_eval(row: dict) -> None:
 
 
 def _restore(directory):
-    """The run, model and sidecar of a checkpoint, for evaluation and sampling: the task is
-    rebuilt from the checkpoint (no data file is read)."""
-    from ..train import TASKS, Run, TrainExperiment, from_dict, read_checkpoint_meta
+    """The run, model and sidecar of a checkpoint, for evaluation and sampling:
+    `itde.train.load`, naming --checkpoint in errors (the task is rebuilt from the
+    checkpoint, no data file is read); the run's mesh has every device, with the
+    parameters replicated (`fsdp` 1)."""
+    from ..train import TASKS, Run
+    from ..train._load import read_run
 
-    meta = read_checkpoint_meta(directory)
-    cfg = from_dict(TrainExperiment, meta["config"], f"{directory}/checkpoint.json")
+    model, cfg, meta = read_run(directory, "--checkpoint")
     task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
-    run = Run(cfg, task=task)
-    model, _, meta = run.restore(directory, meta)
-    return run, model, meta
+    return Run(cfg, task=task, fsdp=1), model, meta
 
 
 def cmd_eval(args) -> int:

@@ -2,15 +2,17 @@
 `itde sample` as a library.
 
 - Configs: [`TrainExperiment`][] with its tables [`TaskConfig`][], [`ModelConfig`][],
-  [`OptimConfig`][], [`RunConfig`][]; [`load`][] (TOML) and [`from_dict`][], `to_dict`;
-  errors are [`ConfigError`][].
+  [`OptimConfig`][], [`RunConfig`][], [`ParallelConfig`][]; [`load_config`][] (TOML) and
+  [`from_dict`][], `to_dict`; errors are [`ConfigError`][].
 - Tasks: [`TASKS`][] (`"sort"`, `"burgers"`, `"charlm"`) of [`AbstractTask`][]s — the data,
   model, loss and metrics of each.
 - Models: [`TokenModel`][], [`FieldModel`][], [`build_model`][], [`with_depth`][],
   [`predict`][], [`loss_fn`][].
 - Training: [`train`][] (a [`TrainResult`][]), [`Run`][], [`make_step`][], [`make_optimizer`][],
-  [`evaluate`][]; checkpoints [`save_checkpoint`][], [`load_checkpoint`][],
-  [`read_checkpoint_meta`][], [`CheckpointError`][].
+  [`evaluate`][]; the layout over devices [`make_mesh`][], [`fsdp_spec`][], [`place`][];
+  checkpoints [`save_checkpoint`][], [`load_checkpoint`][], [`read_checkpoint_meta`][],
+  [`CheckpointError`][].
+- A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
 - Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
 """
 
@@ -24,15 +26,17 @@ from ._config import (
     ContinuityConfig,
     ModelConfig,
     OptimConfig,
+    ParallelConfig,
     RunConfig,
     TaskConfig,
     TrainExperiment,
     from_dict,
-    load,
+    load_config,
     to_dict,
 )
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss, transport_cost
 from ._evaluate import evaluate
+from ._load import load
 from ._loop import (
     Run,
     TrainResult,
@@ -45,11 +49,13 @@ from ._loop import (
 )
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
+from ._sharding import MIN_SHARD_SIZE, fsdp_spec
 from ._task import AbstractTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, build_model
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "MIN_SHARD_SIZE",
     "TASKS",
     "AbstractTask",
     "Burgers",
@@ -61,6 +67,7 @@ __all__ = [
     "FieldModel",
     "ModelConfig",
     "OptimConfig",
+    "ParallelConfig",
     "Run",
     "RunConfig",
     "Sort",
@@ -71,8 +78,10 @@ __all__ = [
     "continuity_metrics",
     "evaluate",
     "from_dict",
+    "fsdp_spec",
     "load",
     "load_checkpoint",
+    "load_config",
     "loss_fn",
     "make_mesh",
     "make_optimizer",

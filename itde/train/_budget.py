@@ -39,9 +39,12 @@ def _gib(n: float) -> str:
 
 def step_bytes(cfg, tokens: int, train: bool = True) -> int:
     """A training step: the states of every depth step (kept for the backward pass) with
-    their attention and feed-forward intermediates, and one step's attention scores; an
-    evaluation step (`train=False`) keeps two states."""
+    their attention and feed-forward intermediates, and one step's attention scores, for
+    one micro-batch (`batch_size / accumulate` examples); an evaluation step
+    (`train=False`) keeps two states of a whole batch."""
     m, b = cfg.model, cfg.optim.batch_size
+    if train:
+        b //= cfg.optim.accumulate
     depth_steps = max(1, round(m.n_layers / m.dt)) if train else 2
     states = b * tokens * (4 * m.n_features + 2 * m.n_hidden) * depth_steps
     scores = 3 * b * m.n_heads * tokens * tokens
@@ -71,15 +74,18 @@ def check_fits(
     if limit is None:
         return
     budget = 0.8 * limit
+    k = cfg.optim.accumulate
     need = step_bytes(cfg, tokens, train)
     if need > budget:
         raise ConfigError(
             f"one {'training' if train else 'evaluation'} step needs about {_gib(need)} "
-            f"(`optim.batch_size`="
-            f"{cfg.optim.batch_size}, `{tokens_name}`={tokens} tokens, `model.n_features`="
+            f"(`optim.batch_size`={cfg.optim.batch_size}"
+            + (f" in `optim.accumulate`={k} micro-batches" if train and k > 1 else "")
+            + f", `{tokens_name}`={tokens} tokens, `model.n_features`="
             f"{cfg.model.n_features}, {max(1, round(cfg.model.n_layers / cfg.model.dt))} "
             f"depth steps), more than the {_gib(limit)} this machine has; lower "
             f"optim.batch_size or {tokens_name}"
+            + (", or raise optim.accumulate (micro-batches a step)" if train else "")
         )
     size = cfg.task.eval_size if eval_size is None else eval_size
     need = eval_set_bytes(size, cfg.optim.batch_size, tokens)

@@ -62,6 +62,12 @@ def shapes(tree) -> dict[str, list]:
 def _host(x):
     """A host copy of an array leaf (the first addressable shard of a replicated array)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if not x.sharding.is_fully_replicated:
+            raise ValueError(
+                f"a leaf of shape {x.shape} is sharded across processes ({x.sharding}); "
+                "gather the state first (`itde.train._sharding.to_host`, on every process) "
+                "and save that"
+            )
         x = x.addressable_data(0)
     return np.asarray(x)
 

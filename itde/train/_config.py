@@ -25,11 +25,12 @@ __all__ = [
     "ContinuityConfig",
     "ModelConfig",
     "OptimConfig",
+    "ParallelConfig",
     "RunConfig",
     "TaskConfig",
     "TrainExperiment",
     "from_dict",
-    "load",
+    "load_config",
     "to_dict",
 ]
 
@@ -193,7 +194,16 @@ class OptimConfig:
     """The optimiser (the `[optim]` table): `clip_by_global_norm(clip_norm)` then AdamW
     with a linear warm-up over `warmup` steps to `lr` and a cosine decay to
     `lr * final_lr_ratio` at `steps`; `batch_size` examples a step; `seed` (an integer in
-    $[0, 2^{32} - 1]$) sets the initialisation and the data stream."""
+    $[0, 2^{32} - 1]$) sets the initialisation and the data stream.
+
+    `accumulate` = $K$ splits each step's batch into $K$ micro-batches of
+    `batch_size / K` examples, run one after the other (a `jax.lax.scan` in the compiled
+    step): the step uses the mean of their gradients, which is the gradient of the whole
+    batch (every task's loss is a mean over examples), so $K$ changes the memory a step
+    needs, not the optimisation — the same examples, learning rate and number of steps,
+    equal to round-off. (nanoGPT's `gradient_accumulation_steps` multiplies its batch
+    instead: there `batch_size` is the micro-batch.) `batch_size` must be a multiple of
+    $K$ times the device count; `accumulate` may change on resume."""
 
     lr: float = 3e-3
     warmup: int = 100
@@ -205,10 +215,18 @@ class OptimConfig:
     batch_size: int = 64
     steps: int = 1500
     seed: int = 0
+    accumulate: int = 1
 
     def __post_init__(self):
-        for name in ("lr", "clip_norm", "batch_size", "steps"):
+        for name in ("lr", "clip_norm", "batch_size", "steps", "accumulate"):
             positive(f"optim.{name}", getattr(self, name))
+        if self.batch_size % self.accumulate:
+            raise ConfigError(
+                f"`optim.accumulate`={self.accumulate} micro-batches do not divide "
+                f"`optim.batch_size`={self.batch_size} (the examples of one step); choose a "
+                f"divisor of {self.batch_size}, or a batch size that is a multiple of "
+                f"{self.accumulate}"
+            )
         seed("optim.seed", self.seed)
         if not 0 <= self.warmup < self.steps:
             raise ConfigError(
@@ -281,14 +299,39 @@ class ContinuityConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """How a step is laid out over the devices (the `[parallel]` table).
+
+    - `fsdp`: the devices that share one copy of the parameters and optimiser state
+      (fully sharded data parallelism). The devices form a 2-D mesh
+      `("data", "fsdp")` of shape `(devices / fsdp, fsdp)`; every large parameter array
+      and its Adam moments are split over the `"fsdp"` axis (see
+      `itde.train.fsdp_spec` for the rule), the batch over both axes. 1 (the default):
+      parameters replicated on every device, plain data parallelism. It must divide the
+      device count, which the run checks when it starts.
+
+    Its own table, not `[optim]`: it says where the numbers are computed, not which —
+    a run with any `fsdp` takes the same steps, equal to round-off — so it may change on
+    resume (a run moved to a machine with fewer devices), and further axes of the mesh
+    (tensor parallelism) belong next to it.
+    """
+
+    fsdp: int = 1
+
+    def __post_init__(self):
+        positive("parallel.fsdp", self.fsdp)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainExperiment:
-    """The config of `itde train`: `task`, `model`, `optim`, `run` and `continuity`
-    tables."""
+    """The config of `itde train`: `task`, `model`, `optim`, `run`, `parallel` and
+    `continuity` tables."""
 
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     continuity: ContinuityConfig = dataclasses.field(default_factory=ContinuityConfig)
 
     def __post_init__(self):
@@ -303,9 +346,18 @@ class TrainExperiment:
 
 
 # Keys that may differ between a checkpoint and a resumed run: they do not change the
-# numbers the run computes, only when it reports them and where.
+# numbers the run computes (beyond round-off), only when it reports them, where, and how
+# the step is laid out in memory and over the devices.
 RESUMABLE_KEYS = frozenset(
-    {"run.log_every", "run.eval_every", "run.checkpoint_every", "run.out", "run.progress"}
+    {
+        "run.log_every",
+        "run.eval_every",
+        "run.checkpoint_every",
+        "run.out",
+        "run.progress",
+        "optim.accumulate",
+        "parallel.fsdp",
+    }
 )
 
 
@@ -328,8 +380,10 @@ def from_dict(cls: type, table: dict, source: str = "<dict>"):
     return _config.from_dict(cls, table, source)
 
 
-def load(cls: type, path: str | Path):
-    """Read a TOML file into the config dataclass `cls` (e.g. `TrainExperiment`)."""
+def load_config(cls: type, path: str | Path):
+    """Read a TOML file into the config dataclass `cls` (e.g. `TrainExperiment`).
+
+    (`itde.train.load(TrainExperiment, path)`, the earlier spelling, does the same.)"""
     import tomllib
 
     path = Path(path)

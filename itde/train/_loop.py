@@ -10,11 +10,20 @@ exact gradient of the discrete scheme), and the update is
 `[run] dtype = "bfloat16"` the forward and backward passes run on a bfloat16 copy of the
 parameters and inputs; the master parameters, gradients and optimiser state stay float32.
 
-**Data parallelism.** The batch axis is sharded over a 1-D `jax.sharding.Mesh` named
-`"batch"` of all devices (`NamedSharding(mesh, PartitionSpec("batch"))`); parameters and
-optimiser state are replicated (`PartitionSpec()`), and XLA inserts the gradient
-all-reduce. The batch size must be a multiple of the device count. On a CPU, test with
-`XLA_FLAGS=--xla_force_host_platform_device_count=2` set before JAX starts.
+**Data parallelism and FSDP.** The devices form a 2-D `jax.sharding.Mesh` with axes
+`("data", "fsdp")` of shape `(devices / fsdp, fsdp)` (`[parallel] fsdp`, default 1). The
+batch axis is sharded over both (`PartitionSpec(("data", "fsdp"))`); with `fsdp = 1` the
+parameters and optimiser state are replicated and XLA inserts the gradient all-reduce;
+with `fsdp > 1` each large array of them is split over `"fsdp"` (the rule and the step's
+gather / reduce-scatter: `itde.train._sharding`). The batch size must be a multiple of
+the device count (times `[optim] accumulate`). On a CPU, test with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` set before JAX starts.
+
+**Gradient accumulation.** With `[optim] accumulate = K` the step runs the batch as $K$
+micro-batches of `batch_size / K` in a `jax.lax.scan` and applies the mean of their
+gradients: the gradient of the whole batch, to round-off (`optax.MultiSteps` would instead
+make $K$ calls one step, drawing $K$ batches and changing the step count, the schedule
+and the checkpoint's optimiser state).
 
 **Multi-host.** Call `jax.distributed.initialize()` (arguments or the cluster's
 environment: coordinator address, process count and id) in every process before anything
@@ -30,7 +39,7 @@ outcome, so none runs ahead of a checkpoint that failed.
 **Reproducibility.** Initialisation, the training batches and the held-out data are pure
 functions of `optim.seed` (`fold_in(key(seed), 0 | 1 | 2)`; batch $s$ from
 `fold_in(data_key, s)`), so a run resumed from its step-$k$ checkpoint ends bit-for-bit
-equal to an uninterrupted run (same devices and versions).
+equal to an uninterrupted run (same devices, layout and versions).
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
+from . import _sharding as shd
 from ._budget import check_fits
 from ._config import (
     COMPUTE_DTYPES,
@@ -111,25 +121,95 @@ def make_optimizer(o) -> optax.GradientTransformation:
     return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, _labels)
 
 
-@eqx.filter_jit
-def train_step(model, opt_state, batch, optimizer, task, compute_dtype=None, regularisation=None):
-    """One step of `optimizer` on the loss of `batch`: `(model, opt_state, loss)`.
+def _micro_batches(batch, k: int, n: int, mesh):
+    """`batch` as `k` micro-batches stacked on a new first axis: micro-batch $j$ takes the
+    $j$-th `1/k` of each of the `n` device shards, so splitting it moves no data."""
 
-    Pure in `(model, opt_state, batch)`; `optimizer`, `task`, `compute_dtype` and
-    `regularisation` (a [`DepthRegularisation`][itde.train.DepthRegularisation] or None)
-    are static (compiled in)."""
+    def split(x):
+        if x.shape[0] % (n * k):
+            raise ValueError(
+                f"a batch of {x.shape[0]} examples does not split into `accumulate`={k} "
+                f"micro-batches over {n} devices; make `optim.batch_size` a multiple of "
+                f"{n * k} (accumulate x devices)."
+            )
+        m = x.shape[0] // (n * k)
+        x = jnp.swapaxes(x.reshape(n, k, m, *x.shape[1:]), 0, 1)
+        return x.reshape(k, n * m, *x.shape[3:])
+
+    micro = jax.tree.map(split, batch)
+    if mesh is not None:
+        spec = NamedSharding(mesh, PartitionSpec(None, *shd.BATCH))
+        micro = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), micro)
+    return micro
+
+
+def _value_and_grad(
+    model, batch, task, compute_dtype, accumulate, mesh, fsdp_mesh, regularisation=None
+):
+    """The loss of `batch` and its gradient, as `accumulate` micro-batches summed in a
+    `jax.lax.scan` and divided by their number (the running sum in the parameters'
+    layout on `fsdp_mesh`, if given); the loss with the continuity terms of
+    `regularisation`, if active."""
     if regularisation is not None and regularisation.active:
         objective = functools.partial(regularised_loss, reg=regularisation)
     else:
         objective = loss_fn
-    loss, grads = eqx.filter_value_and_grad(objective)(model, batch, task, compute_dtype)
+    value_and_grad = eqx.filter_value_and_grad(objective)
+    if accumulate == 1:
+        return value_and_grad(model, batch, task, compute_dtype)
+    n = 1 if mesh is None else mesh.size
+    micro = _micro_batches(batch, accumulate, n, mesh)
+
+    def layout(tree):
+        return tree if fsdp_mesh is None else shd.constrain(tree, fsdp_mesh)
+
+    def body(carry, part):
+        loss_sum, grad_sum = carry
+        loss, grads = value_and_grad(model, part, task, compute_dtype)
+        grad_sum = jax.tree.map(jnp.add, grad_sum, layout(grads))
+        return (loss_sum + loss.astype(jnp.float32), grad_sum), None
+
+    zeros = layout(jax.tree.map(jnp.zeros_like, eqx.filter(model, eqx.is_inexact_array)))
+    (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
+    return loss / accumulate, jax.tree.map(lambda g: g / accumulate, grads)
+
+
+@eqx.filter_jit
+def train_step(
+    model, opt_state, batch, optimizer, task, compute_dtype=None, accumulate=1, mesh=None,
+    regularisation=None,
+):
+    """One step of `optimizer` on the loss of `batch`: `(model, opt_state, loss)`.
+
+    Pure in `(model, opt_state, batch)`; `optimizer`, `task`, `compute_dtype`,
+    `accumulate`, `mesh` and `regularisation` (a
+    [`DepthRegularisation`][itde.train.DepthRegularisation] or None) are static (compiled
+    in). On a `mesh` with `fsdp > 1` the parameters are gathered for the passes, the
+    gradient is reduce-scattered to their layout, and the parameters and optimiser state
+    leave in it."""
+    fsdp_mesh = mesh if mesh is not None and mesh.shape[shd.FSDP] > 1 else None
     params = eqx.filter(model, eqx.is_inexact_array)
+    whole = model if fsdp_mesh is None else shd.constrain(model, fsdp_mesh, replicated=True)
+    loss, grads = _value_and_grad(
+        whole, batch, task, compute_dtype, accumulate, mesh, fsdp_mesh, regularisation
+    )
+    if fsdp_mesh is not None:
+        grads = shd.constrain(grads, fsdp_mesh)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return eqx.apply_updates(model, updates), opt_state, loss
+    model = eqx.apply_updates(model, updates)
+    if fsdp_mesh is not None:
+        model, opt_state = shd.constrain(model, fsdp_mesh), shd.constrain(opt_state, fsdp_mesh)
+    return model, opt_state, loss
 
 
 def make_step(
-    optimizer: optax.GradientTransformation, task, compute_dtype=None, regularisation=None
+    optimizer: optax.GradientTransformation,
+    task,
+    compute_dtype=None,
+    *,
+    accumulate: int = 1,
+    mesh: Mesh | None = None,
+    regularisation=None,
 ):
     """The training step as a function of `(model, opt_state, batch)` only.
 
@@ -139,31 +219,60 @@ def make_step(
     - `task`: the task, an instance of a class of [`TASKS`][itde.train.TASKS] (its `loss`).
     - `compute_dtype`: e.g. `jnp.bfloat16` for the forward and backward passes (default:
       the parameters' dtype).
+    - `accumulate`: micro-batches per step (`[optim] accumulate`): the batch is split
+      into this many equal parts whose mean gradient the step applies.
+    - `mesh`: the run's mesh (`Run(cfg).mesh`), where the parameters are sharded
+      (`fsdp > 1`) or the batch is split into micro-batches; None: as the arrays come.
     - `regularisation`: the continuity terms added to the loss, a
       [`DepthRegularisation`][itde.train.DepthRegularisation] (e.g. `Run(cfg).regularisation`)
       or None.
     """
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(
+            f"`accumulate`={accumulate!r} must be a positive integer number of micro-batches "
+            "(1: the whole batch at once)."
+        )
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh such as `Run(cfg).mesh`, got "
+            f"{type(mesh).__name__}."
+        )
+    if mesh is not None and set(mesh.axis_names) != {shd.DATA, shd.FSDP}:
+        raise ValueError(
+            f"`mesh` has the axes {mesh.axis_names}; the step needs {(shd.DATA, shd.FSDP)}, "
+            "as `itde.train.make_mesh` builds."
+        )
     return functools.partial(
-        train_step, optimizer=optimizer, task=task, compute_dtype=compute_dtype,
+        train_step,
+        optimizer=optimizer,
+        task=task,
+        compute_dtype=compute_dtype,
+        accumulate=accumulate,
+        mesh=mesh,
         regularisation=regularisation,
-    )  # fmt: skip
+    )
 
 
 # ----------------------------------------------------------------------- sharding
-def make_mesh(devices=None) -> Mesh:
-    """A 1-D data-parallel mesh named `"batch"` over `devices` (default: all devices)."""
-    devices = jax.devices() if devices is None else list(devices)
-    return Mesh(np.asarray(devices), ("batch",))
+make_mesh = shd.make_mesh
 
 
-def check_batch(batch_size: int, n: int, what: str = "`optim.batch_size`") -> None:
-    """Raise unless `batch_size` is a multiple of the `n` devices of the mesh."""
+def check_batch(batch_size: int, n: int, what: str = "`optim.batch_size`", k: int = 1) -> None:
+    """Raise unless `batch_size` is a multiple of the `n` devices of the mesh (times the
+    `k` micro-batches of `[optim] accumulate`)."""
     if batch_size % n:
         up = -(-batch_size // n) * n
         raise ValueError(
             f"{what}={batch_size} is not divisible by the {n} devices of the data-parallel "
             f"mesh; set it to a multiple of {n} (e.g. {up}), or run on fewer devices "
             "(CUDA_VISIBLE_DEVICES / XLA_FLAGS)."
+        )
+    if batch_size % (n * k):
+        up = -(-batch_size // (n * k)) * n * k
+        raise ValueError(
+            f"{what}={batch_size} does not split into `optim.accumulate`={k} micro-batches "
+            f"over the {n} devices (each device needs the same share of every micro-batch); "
+            f"set it to a multiple of {n * k} (e.g. {up}), or lower `optim.accumulate`."
         )
 
 
@@ -196,12 +305,18 @@ class Run:
     **Arguments:**
 
     - `cfg`: the [`TrainExperiment`][itde.train.TrainExperiment].
-    - `devices`: the devices of the data-parallel mesh (default all).
+    - `devices`: the devices of the mesh (default all).
     - `task`: the task object (default `TASKS[cfg.task.name](cfg.task)`; pass
       `TASKS[name].from_checkpoint(...)` to evaluate without the data files).
+    - `fsdp`: the devices that share one copy of the parameters (default
+      `cfg.parallel.fsdp`; 1 to evaluate a sharded run's checkpoint on any devices).
+
+    **Attributes** used by the loop: `mesh` (`("data", "fsdp")`), `batch_sharding`,
+    `replicated`, `optimizer`, `schedule`, `compute_dtype`, and
+    [`place_state`][itde.train.Run.place_state], which puts a state on the run's layout.
     """
 
-    def __init__(self, cfg: TrainExperiment, devices=None, *, task=None):
+    def __init__(self, cfg: TrainExperiment, devices=None, *, task=None, fsdp=None):
         self.cfg = cfg
         self.task = TASKS[cfg.task.name](cfg.task) if task is None else task
         key = type(self.task).tokens_key
@@ -211,9 +326,11 @@ class Run:
         self.data_key = jax.random.fold_in(root, 1)
         self.eval_key = jax.random.fold_in(root, 2)
         devices = jax.devices() if devices is None else list(devices)
+        self.fsdp = cfg.parallel.fsdp if fsdp is None else fsdp
+        shd.check_fsdp(self.fsdp, len(devices), "`parallel.fsdp`" if fsdp is None else "`fsdp`")
         check_batch(cfg.optim.batch_size, len(devices))
-        self.mesh = make_mesh(devices)
-        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
+        self.mesh = make_mesh(devices, self.fsdp)
+        self.batch_sharding = NamedSharding(self.mesh, shd.BATCH)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.optimizer = make_optimizer(cfg.optim)
         self.schedule = make_schedule(cfg.optim)
@@ -229,6 +346,26 @@ class Run:
         model = self.task.init_model(self.cfg.model, self.init_key, dtype=jnp.float32)
         opt_state = self.optimizer.init(eqx.filter(model, eqx.is_inexact_array))
         return model, opt_state
+
+    def place_state(self, model, opt_state):
+        """`(model, opt_state)` placed on the run's mesh: each array sharded over `"fsdp"`
+        by `itde.train.fsdp_spec`, or replicated where `fsdp = 1` (host or fully
+        addressable arrays, e.g. from [`init_state`][itde.train.Run.init_state])."""
+        return shd.shard(model, self.mesh), shd.shard(opt_state, self.mesh)
+
+    def make_step(self):
+        """[`make_step`][itde.train.make_step] with this run's optimiser, task, compute
+        dtype, `[optim] accumulate`, mesh and `[continuity]` terms: the step `train`
+        takes."""
+        check_batch(self.cfg.optim.batch_size, self.mesh.size, k=self.cfg.optim.accumulate)
+        return make_step(
+            self.optimizer,
+            self.task,
+            self.compute_dtype,
+            accumulate=self.cfg.optim.accumulate,
+            mesh=self.mesh,
+            regularisation=self.regularisation,
+        )
 
     def meta(self) -> dict:
         return {
@@ -273,7 +410,8 @@ class Run:
                 )
 
     def restore(self, directory, meta: dict | None = None):
-        """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh.
+        """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh in
+        the run's layout ([`place_state`][itde.train.Run.place_state]).
 
         Only process 0 reads the directory; the sidecar and the checked leaves file
         reach the other processes by broadcast, and so does any error it finds."""
@@ -283,7 +421,7 @@ class Run:
         self.check_meta(meta, directory)
         raw = dist.on_main(lambda: ckpt.read_leaves(directory, meta), errors=_ERRORS)
         (model, opt_state), meta = ckpt.load(directory, template, meta, raw=raw)
-        return place(model, self.replicated), place(opt_state, self.replicated), meta
+        return *self.place_state(model, opt_state), meta
 
 
 def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=None):
@@ -365,7 +503,7 @@ def _open(cfg, out, resume, devices, source, overwrite):
     if cfg is not None and not isinstance(cfg, TrainExperiment):
         raise TypeError(
             f"`cfg` must be an itde.train.TrainExperiment, got {type(cfg).__name__}; read a "
-            "TOML file with `itde.train.load(TrainExperiment, path)`."
+            "TOML file with `itde.train.load_config(TrainExperiment, path)`."
         )
     meta = None
     if resume is not None:
@@ -388,6 +526,7 @@ def _open(cfg, out, resume, devices, source, overwrite):
     if resume is None and not overwrite:
         dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
     run = Run(cfg, devices)
+    check_batch(cfg.optim.batch_size, run.mesh.size, k=cfg.optim.accumulate)
     if resume is not None:
         model, opt_state, meta = run.restore(resume, meta)
         run.run_id = meta.get("run_id") or run.run_id  # checkpoints before run ids: a new one
@@ -395,8 +534,7 @@ def _open(cfg, out, resume, devices, source, overwrite):
         path = Path(resume) / "metrics.jsonl"
         rows = _read_metrics(path, start, meta.get("run_id")) if dist.is_main() else []
     else:
-        model, opt_state = run.init_state()
-        model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
+        model, opt_state = run.place_state(*run.init_state())
         start, wall0, rows = 0, 0.0, []
     return cfg, out, run, model, opt_state, start, wall0, rows
 
@@ -467,7 +605,8 @@ def train(
       None (use the checkpoint's config) or must agree with the checkpoint's.
     - `out`: output directory (default `resume`, else `cfg.run.out`).
     - `resume`: a checkpoint directory to continue from, exactly.
-    - `devices`: the devices of the data-parallel mesh (default all).
+    - `devices`: the devices of the mesh (default all; `[parallel] fsdp` must divide
+      their number).
     - `source`: the config's file name, for error messages.
     - `stop_at`: stop after this step (after its checkpoint, if one is due), as if the
       run were killed there; for tests and time-sliced jobs.
@@ -504,7 +643,7 @@ def train(
             out / "metrics.jsonl",
             lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()),
         )
-    step_fn = make_step(run.optimizer, run.task, run.compute_dtype, run.regularisation)
+    step_fn = run.make_step()
     refine = cfg.continuity.refine if cfg.model.continuous else 0
     chunks = run.eval_chunks()
     show = r.progress if progress is None else progress
@@ -548,8 +687,10 @@ def train(
         if done % r.checkpoint_every == 0 or done == total:
             m = run.meta()
             m["wall_s"] = wall0 + time.perf_counter() - t_start
-            # process 0 writes; the broadcast of its outcome is the barrier after the save
-            dist.on_main(lambda: _save(out, done, (model, opt_state), m), errors=_ERRORS)
+            # every process gathers the (sharded) state; process 0 writes it, and the
+            # broadcast of its outcome is the barrier after the save
+            host = shd.to_host((model, opt_state))
+            dist.on_main(lambda: _save(out, done, host, m), errors=_ERRORS)
             saved = True
         bar.update(1)
         if s == start:
