@@ -17,7 +17,13 @@ from ._controls import AbstractControls
 
 
 class AbstractEquation(eqx.Module):
-    """An equation in depth-time $t \\in [t_0, T]$ for a state `[tokens, features]`."""
+    """An equation in depth-time $t \\in [t_0, T]$ for a state `[tokens, features]`.
+
+    **Fields:**
+
+    - `controls`: the per-depth parameters $\\theta(t)$ on $[t_0, T]$
+      ([`AbstractControls`][itde.AbstractControls]); `t0` and `depth` are read from them.
+    """
 
     controls: eqx.AbstractVar[AbstractControls]
 

@@ -60,6 +60,13 @@ class AbstractBlock(eqx.Module):
     sub-flow, acting on the state: the per-feature gains and shifts that the continuum form
     of a network keeps (see [`continuum_form`][itde.TransformerIDE.continuum_form]); None
     (no extra field) in every other model.
+
+    `attention`: the attention operator $A$, kernels $W^Q, W^K, W^V, W^O$ per head and
+    their biases ([`Attention`][itde.Attention], [`FunctionAttention`][itde.FunctionAttention]);
+    `feedforward`: the feed-forward operator $F$, kernels $W_1, W_2$ (and a gate's $W_g$)
+    and biases $b_1, b_2$ ([`FeedForward`][itde.FeedForward],
+    [`GatedFeedForward`][itde.GatedFeedForward],
+    [`FunctionFeedForward`][itde.FunctionFeedForward]).
     """
 
     attention: eqx.AbstractVar[AbstractAttention]
@@ -88,7 +95,34 @@ class AbstractBlock(eqx.Module):
 
 class Block(AbstractBlock):
     r"""The discrete controls of one layer: kernels that are matrices on one grid's nodes
-    (what a trained Transformer has)."""
+    (what a trained Transformer has).
+
+    **Fields** (one layer's shapes; in [`PiecewiseConstant`][itde.PiecewiseConstant] every
+    array has a leading layer axis):
+
+    - `attention`: the attention operator $A$, an [`Attention`][itde.Attention]: `wq`
+      `[heads, features, head_dim]`, `wk` `[kv_heads, features, head_dim]` and `wv`
+      `[kv_heads, features, value_dim]` map the state to each head's queries, keys and
+      values, `wo` `[heads, value_dim, features]` maps the heads back to the features.
+    - `norm1`: the normalisation of the attention sub-flow
+      ([`LayerNormProjection`][itde.LayerNormProjection] or
+      [`RMSNormProjection`][itde.RMSNormProjection]): in a post-norm block the projection
+      onto $S^{(1)}$ after attention; in a pre-norm or parallel block the map $N_1$
+      applied to the state before attention reads it, $A(N_1 u)$.
+    - `feedforward`: the feed-forward operator $F$, a [`FeedForward`][itde.FeedForward]
+      (`w1` `[features, hidden]`, `w2` `[hidden, features]`) or a
+      [`GatedFeedForward`][itde.GatedFeedForward].
+    - `norm2`: the normalisation of the feed-forward sub-flow: the projection onto
+      $S^{(2)}$ after the feed-forward (post-norm), or the map $N_2$ in $F(N_2 u)$
+      (pre-norm, parallel).
+    - `affine1`, `affine2`: None, or the [`FeatureAffine`][itde.FeatureAffine] vector
+      fields $E(z) = (g - 1) \circ z + \beta$ that
+      [`continuum_form`][itde.TransformerIDE.continuum_form] adds to the attention and to
+      the feed-forward sub-flow, $z$ the normalised state: `affine1` with the gain and
+      shift of the norm before this layer (the previous layer's `norm2`; for the first
+      layer `continuum_form`'s `input_affine`, or $g = 1$, $\beta = 0$), `affine2` with
+      those of this layer's `norm1`.
+    """
 
     attention: AbstractAttention
     norm1: AbstractNorm

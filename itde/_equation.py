@@ -114,6 +114,12 @@ class TransformerIDE(AbstractEquation):
       weights ([`volterra_weights`][itde.volterra_weights]: order 2, 4 or geometric).
     - `final_norm`: an optional normalisation applied after the solve
       (`nn.TransformerEncoder(norm=...)`, GPT-2's `ln_f`, Llama's `norm`).
+    - `readout`: None, or the [`FeatureAffine`][itde.FeatureAffine]
+      $z \mapsto g \circ z + \beta$ that [`output`][itde.TransformerIDE.output] applies to
+      the solution state before `final_norm`: set by
+      [`continuum_form`][itde.TransformerIDE.continuum_form] to the last norm's gain $g$
+      and shift $\beta$, mapping the normalised state $z$ back to the network's hidden
+      state.
     - `rope`: rotary position embedding ([`Rope`][itde.Rope]): queries and keys rotated by
       the token positions, the nodes of the grid's token rule (so it evaluates on any 1-D
       token grid).

@@ -3,6 +3,7 @@ user reads, every public name importable and documented."""
 
 import ast
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -181,3 +182,85 @@ def test_public_names_exist_and_are_documented(pkg):
         obj = getattr(mod, name)  # AttributeError: listed but not importable
         if callable(obj) and not isinstance(obj, type(re)):
             assert _own_docstring(obj).strip(), f"{pkg}.{name} has no docstring of its own"
+
+
+# (class, field) pairs still undocumented in itde/train, being documented on another
+# branch: the lead empties this set once they are. Nothing else may be added here.
+PENDING = {
+    ("itde.train.FieldModel", "lift"),
+    ("itde.train.FieldModel", "lift_bias"),
+    ("itde.train.FieldModel", "ide"),
+    ("itde.train.FieldModel", "readout"),
+    ("itde.train.FieldModel", "readout_bias"),
+    ("itde.train.FieldModel", "scheme"),
+    ("itde.train.FieldModel", "dt"),
+    ("itde.train.OptimConfig", "final_lr_ratio"),
+    ("itde.train.OptimConfig", "weight_decay"),
+    ("itde.train.OptimConfig", "b1"),
+    ("itde.train.OptimConfig", "b2"),
+    ("itde.train.OptimConfig", "clip_norm"),
+    ("itde.train.RunConfig", "log_every"),
+    ("itde.train.RunConfig", "eval_every"),
+    ("itde.train.RunConfig", "checkpoint_every"),
+    ("itde.train.RunConfig", "out"),
+    ("itde.train.RunConfig", "progress"),
+    ("itde.train.TaskConfig", "vocab"),
+    ("itde.train.TokenModel", "embedding"),
+    ("itde.train.TokenModel", "position"),
+    ("itde.train.TokenModel", "ide"),
+    ("itde.train.TokenModel", "readout"),
+    ("itde.train.TokenModel", "readout_bias"),
+    ("itde.train.TokenModel", "scheme"),
+    ("itde.train.TokenModel", "dt"),
+}
+
+
+def _public_dataclasses():
+    """Every public dataclass (equinox Module, config), by the first public name it has:
+    the classes in a public package's `__all__`, and the classes of the registries there
+    (`HF_FAMILIES`' families, `TASKS`' tasks, ...), whose fields the reference shows too."""
+    exported = []
+    for pkg in PUBLIC_PACKAGES:
+        mod = importlib.import_module(pkg)
+        exported += [(f"{pkg}.{name}", getattr(mod, name)) for name in mod.__all__]
+    found = {}
+    for where, obj in exported:
+        if isinstance(obj, type):
+            found.setdefault(obj, where)
+    for where, obj in exported:  # a class reached through a registry only, by its key
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                cls = value if isinstance(value, type) else type(value)
+                found.setdefault(cls, f"{where}[{key!r}] ({cls.__name__})")
+    return {
+        where: cls
+        for cls, where in found.items()
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls)
+    }
+
+
+def _undocumented_fields():
+    """(class, field) for every public field that its class's own docstring (or its own
+    `__init__`'s) does not name as `field`: the attributes the reference would show with no
+    description."""
+    missing = set()
+    for where, cls in _public_dataclasses().items():
+        doc = _own_docstring(cls)
+        if "__init__" in cls.__dict__:
+            doc += "\n" + _own_docstring(cls.__init__)
+        for f in dataclasses.fields(cls):
+            if not f.name.startswith("_") and f"`{f.name}`" not in doc:
+                missing.add((where, f.name))
+    return missing
+
+
+def test_every_public_dataclass_field_is_documented():
+    """A field shows in the API reference as an attribute; its class docstring says what it
+    is (the house style: a `**Fields:**` or `**Arguments:**` list naming `field`)."""
+    missing = _undocumented_fields()
+    new = sorted(missing - PENDING)
+    assert not new, "public fields that their class's docstring does not describe:\n" + "\n".join(
+        f"  {cls}.{field}" for cls, field in new
+    )
+    stale = sorted(PENDING - missing)
+    assert not stale, f"PENDING lists fields that are documented now; remove them: {stale}"

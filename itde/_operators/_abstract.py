@@ -73,7 +73,9 @@ class AbstractNorm(eqx.Module):
     (tangent) form of a post-norm equation asks the norm for the tangent projection of its
     set (`tangent`) and for the motion of the set in depth (`drift`).
 
-    Every norm declares its per-feature affine parameters (`gain`, `shift`: `[features]`
+    Every norm declares its regulariser (`eps`: the $\varepsilon \ge 0$ added to the
+    variance or mean square before dividing by its square root; 0 is the exact projection),
+    its per-feature affine parameters (`gain`, `shift`: `[features]`
     arrays, or None where the norm has none), reports the distance of a state from its set
     (`residuals`), and builds its identity-initialised and exact members
     (`identity`, `exact`), so that a model can hold any norm without asking which.

@@ -109,7 +109,11 @@ class ALiBi(AbstractPositionBias):
     $\tilde x \le x$, where this is the paper's $-\mu_m (x - \tilde x)$ (Hugging Face
     adds $\mu_m \tilde x$ instead, which differs by a constant per query and gives the same
     softmax). Lipschitz in $x - \tilde x$ (a kink at $x = \tilde x$, which non-causal
-    attention integrates across)."""
+    attention integrates across).
+
+    **Fields:** `slopes`: the per-head slopes $\mu_m > 0$, `[heads]`, which multiply the
+    distance $-|x - \tilde x| / \ell$ (`ALiBi.init` gives `alibi_slopes(n_heads)`);
+    `spacing`: the length unit $\ell$."""
 
     slopes: Float[Array, " heads"]
     spacing: float = eqx.field(static=True, default=1.0)
@@ -225,7 +229,10 @@ class DiscreteBias(AbstractScoreBias):
     """A fixed `[heads, N, N]` score bias (one resolution: the token count is `N`).
 
     Called with token indices it returns the block `[heads, q, k]`; pass it (or the array
-    itself) as `score_bias`."""
+    itself) as `score_bias`.
+
+    **Fields:** `matrix`: `[heads, N, N]`, `matrix[m, k, p]` $= b_m(x_k, x_p)$, the bias
+    added to head $m$'s score of query $k$ and key $p$."""
 
     matrix: Float[Array, "heads tokens tokens"]
     needs_positions: ClassVar[bool] = False

@@ -83,7 +83,10 @@ class Fused(AbstractAttentionCore):
     `implementation="cudnn"` selects cuDNN's fused kernel). Takes non-negative per-query
     weights only (they become a log-bias): signed ones raise; a sliding window on an
     equispaced grid goes in as its `local_window_size` (see
-    [`fused_attention`][itde.fused_attention])."""
+    [`fused_attention`][itde.fused_attention]).
+
+    `implementation`: `jax.nn.dot_product_attention`'s `implementation`: None (JAX
+    chooses), `"xla"` or `"cudnn"`."""
 
     implementation: str | None = eqx.field(static=True, default=None)
     signed_weights: ClassVar[bool] = False

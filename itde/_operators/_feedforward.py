@@ -73,6 +73,18 @@ class FeedForward(_AbstractDiscreteFeedForward):
     `itde.ACTIVATIONS`), for clean high-order convergence studies and converted models.
     The hidden domain $\Omega_z$ may have a different number of nodes from $\Omega_y$
     (`d_ff != d`). On the unit grid this is PyTorch's `linear2(act(linear1(u)))`.
+
+    **Fields** (the kernels' values at the nodes; the feature and hidden quadrature
+    weights are applied to the state, not stored in them):
+
+    - `w1`: $W_1(\xi_i, z_k)$, `[features, hidden]`: the input kernel, from the feature
+      domain $\Omega_y$ to the hidden domain $\Omega_z$ (PyTorch's `linear1.weight.T`).
+    - `w2`: $W_2(z_k, y_j)$, `[hidden, features]`: the output kernel, from $\Omega_z$
+      back to $\Omega_y$ (`linear2.weight.T`).
+    - `b1`: $b_1(z_k)$, `[hidden]`, added before the activation; or None.
+    - `b2`: $b_2(y_j)$, `[features]`, added to the output; or None.
+    - `activation`: the name of $\rho$ in `itde.ACTIVATIONS` (`"relu"`, the projection
+      onto $S_2$, by default).
     """
 
     w1: Float[Array, "features hidden"] = kernel()
@@ -142,6 +154,10 @@ class GatedFeedForward(_AbstractDiscreteFeedForward):
 
     Parameters: `w_gate`, `w1` of shape `[features, hidden]`, `w2` of shape
     `[hidden, features]`, optional biases `b_gate`, `b1` (`[hidden]`), `b2` (`[features]`).
+    `w_gate`, `b_gate` are $W_g, b_g$ (the gate $G$, Llama's `gate_proj`), `w1`, `b1` are
+    $W_1, b_1$ (the linear transform $H$, `up_proj`), `w2`, `b2` are $W_2, b_2$
+    (`down_proj`). `activation`: the name of $\rho$ in `itde.ACTIVATIONS`, applied to the
+    gate only (`"silu"` by default: SwiGLU).
     """
 
     w_gate: Float[Array, "features hidden"] = kernel()

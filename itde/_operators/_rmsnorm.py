@@ -39,6 +39,9 @@ class RMSNormProjection(AbstractNorm):
     - `sigma`: the root mean square of the sphere (scalar, default 1).
     - `gain`: optional per-feature array of shape `[features]`.
     - `eps`: the regulariser $\varepsilon \ge 0$.
+
+    `shift` is always None (a read-only property, for the [`AbstractNorm`][itde.AbstractNorm]
+    interface): RMSNorm has no per-feature shift $\beta$.
     """
 
     sigma: Float[Array, ""]

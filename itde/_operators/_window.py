@@ -108,6 +108,13 @@ class TokenBand(eqx.Module):
 
     The bounds are static (Python integers known when the computation is traced), so the
     blocked core can plan which key blocks each query block visits.
+
+    **Fields:**
+
+    - `first`: `first[k]`, the index of the first key that query $k$ reads (the smallest
+      $p$ with $x_k - x_p < L$ for a window of length $L$), one per token.
+    - `last`: `last[k]`, the index of the last key it reads (the largest $p$ with
+      $x_p - x_k < L$), one per token.
     """
 
     first: tuple[int, ...] = eqx.field(static=True)

@@ -46,6 +46,10 @@ class AbstractQuadrature(AbstractTokenDomain):
     As a token domain it takes the number of tokens from the state. `interval=None`
     means the unit-spacing interval $[0, N]$ for $N$ nodes, the grid on which the
     discrete Transformer lives (every weight is 1 for the midpoint rule).
+
+    **Fields:** `interval`: the domain $[a, b]$ of the rule as a pair of floats `(a, b)`,
+    $b > a$, on which the nodes lie and whose length the weights sum to; or None for
+    $[0, N]$ (then the interval grows with the number of nodes, at fixed spacing).
     """
 
     interval: tuple[float, float] | None = eqx.field(default=None, static=True)
@@ -110,6 +114,9 @@ class Midpoint(AbstractQuadrature):
 
     Order 2 for $C^2$ integrands. With `interval=None` the width is 1 and every weight
     is 1: the standard Transformer's sum over tokens or features.
+
+    `interval`: the domain $[a, b]$ (`(a, b)`), cut into $N$ cells of width
+    $h = (b - a)/N$, nodes $a + (k + \tfrac12)h$ and weights $h$; or None for $[0, N]$.
     """
 
     name: ClassVar[str] = "midpoint"
@@ -124,6 +131,9 @@ class Trapezoid(AbstractQuadrature):
     r"""Composite trapezoid rule on $N \ge 2$ equispaced nodes including both ends.
 
     Order 2 for $C^2$ integrands; exact for polynomials of degree 1.
+
+    `interval`: the domain $[a, b]$ (`(a, b)`), nodes $a + k h$, $h = (b - a)/(N - 1)$,
+    weights $h$ inside and $h/2$ at the two ends; or None for $[0, N]$.
     """
 
     name: ClassVar[str] = "trapezoid"
@@ -141,6 +151,9 @@ class Simpson(AbstractQuadrature):
     r"""Composite Simpson rule on an odd number $N \ge 3$ of equispaced nodes.
 
     Order 4 for $C^4$ integrands; exact for polynomials of degree 3.
+
+    `interval`: the domain $[a, b]$ (`(a, b)`), nodes $a + k h$, $h = (b - a)/(N - 1)$,
+    weights $\tfrac{h}{3}(1, 4, 2, 4, \dots, 2, 4, 1)$; or None for $[0, N]$.
     """
 
     name: ClassVar[str] = "simpson"
@@ -166,6 +179,10 @@ class GaussLegendre(AbstractQuadrature):
 
     Exact for polynomials of degree $2N - 1$; geometric convergence for analytic
     integrands.
+
+    `interval`: the domain $[a, b]$ (`(a, b)`) onto which the Gauss–Legendre nodes and
+    weights of $[-1, 1]$ are mapped affinely (weights scaled by $(b - a)/2$); or None for
+    $[0, N]$.
     """
 
     name: ClassVar[str] = "gauss-legendre"
@@ -182,6 +199,9 @@ class PeriodicTrapezoid(AbstractQuadrature):
     Exact for trigonometric polynomials of degree $< N$; geometric convergence for
     analytic periodic integrands. For a non-periodic integrand it is a left Riemann
     sum: order 1 only.
+
+    `interval`: one period $[a, b]$ (`(a, b)`), $L = b - a$, every weight $h$ (the node
+    $b$ is the node $a$ again, so it is left out); or None for $[0, N]$.
     """
 
     name: ClassVar[str] = "periodic-trapezoid"

@@ -55,6 +55,8 @@ class AbstractVolterraWeights(eqx.Module):
       of adding their logarithm; the fused core refuses such weights).
     - `strict`: $W_{ip} = 0$ for $p > i$ (the rule reads no later token).
     - `order`: the order of the operator for smooth integrands (`inf`: geometric).
+    - `n`: the number of nodes $N$ of the rule: $W$ is `[n, n]`, rows $i$ the queries,
+      columns $p$ the keys.
     """
 
     n: int = eqx.field(static=True)
@@ -89,7 +91,10 @@ class MidpointVolterra(_Equispaced):
     rule and the half cell $[x_i - h/2, x_i]$ by the linear interpolant through
     $x_{i-1}, x_i$ (weights $\tfrac18 h$, $\tfrac38 h$). Row $i$:
     $h\,(1, \dots, 1, \tfrac98, \tfrac38)$; row 0 (the half cell with one node): $\tfrac12 h$.
-    Positive, strictly causal, order 2 ($C^2$ integrand)."""
+    Positive, strictly causal, order 2 ($C^2$ integrand).
+
+    `n`: the number of cells (nodes) $N$; `h`: the cell width $h = (b - a)/N$, which
+    multiplies every row's coefficients."""
 
     def _c(self, i, p):
         c = jnp.where(p < i - 1, 1.0, jnp.where(p == i - 1, 9 / 8, 3 / 8))
@@ -100,7 +105,11 @@ class MidpointVolterra(_Equispaced):
 class TrapezoidVolterra(_Equispaced):
     r"""Nodes $x_p = a + p h$: the trapezoid rule on $x_0, \dots, x_i$; row 0 (the empty
     interval, whose ratio is the limit $V(a)$) a single weight $h$. Positive, strictly
-    causal, order 2 ($C^2$ integrand)."""
+    causal, order 2 ($C^2$ integrand).
+
+    `n`: the number of nodes $N$; `h`: the node spacing, $(b - a)/(N - 1)$ for the
+    trapezoid rule and $(b - a)/N$ for the periodic trapezoid rule, which multiplies every
+    row's coefficients."""
 
     def _c(self, i, p):
         c = jnp.where((p == 0) | (p == i), 0.5, 1.0)
@@ -131,7 +140,11 @@ class GregoryVolterra(_Equispaced):
     $x_0, \dots, x_3$ integrated over $[x_0, x_1]$, $h(\tfrac{9}{24}, \tfrac{19}{24},
     -\tfrac{5}{24}, \tfrac{1}{24})$: the starting procedure of Volterra quadrature. Order 4
     ($C^4$ integrand, smooth up to $x_3$); signed (row 1) and not strictly causal (row 1
-    reads $x_2, x_3$)."""
+    reads $x_2, x_3$).
+
+    `n`: the number of nodes $N$ (Simpson's, odd; with $N = 3$ row 1 is the quadratic
+    through $x_0, x_1, x_2$); `h`: the node spacing $(b - a)/(N - 1)$, which multiplies
+    every row's coefficients."""
 
     signed: ClassVar[bool] = True
     strict: ClassVar[bool] = False
@@ -156,7 +169,11 @@ class SpectralVolterra(AbstractVolterraWeights):
     $\ell_p$ the Lagrange polynomial of degree $N-1$ on all $N$ nodes. Computed stably in
     the Legendre basis, $\ell_p(t) = w_p \sum_{k<N} \tfrac{2k+1}{2} P_k(t_p) P_k(t)$ and
     $\int_{-1}^{t} P_k = (P_{k+1} - P_{k-1})(t)/(2k+1)$. Geometric convergence for an
-    integrand analytic on $[a, b]$; signed; reads every node (not strictly causal)."""
+    integrand analytic on $[a, b]$; signed; reads every node (not strictly causal).
+
+    `n`: the number of Gauss–Legendre nodes $N$; `weights`: the matrix $W_{ip}$, `[n, n]`
+    (row $i$ the query, column $p$ the key): $\tfrac{b - a}{2}$ times the same integrals
+    on $[-1, 1]$ (computed in float64 NumPy)."""
 
     weights: Float[Array, "n n"]
     signed: ClassVar[bool] = True

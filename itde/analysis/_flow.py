@@ -113,6 +113,13 @@ class FlowMap(eqx.Module):
     Call it as `flow(u, mask=None)` with `u` one state `[tokens, features]` at depth $s$
     and `mask` the key mask (`[tokens]` booleans or 0/1, False on padding), as the
     model takes it.
+
+    **Fields:** the arguments as given, except `terms`, stored as `kind` (a name of
+    `itde.TERMS_KINDS`, `"paper"`, `"split"` or `"tangent"`: the model builds the
+    sub-flows) or `split` (an `itde_solvers.SplitTerm` of the caller's own sub-flows): at
+    most one is not None, and both None means `itde.solve`'s choice for the solver
+    (`"paper"` for `LieTrotter`, `"split"` for another splitting solver, `"tangent"`
+    otherwise).
     """
 
     model: AbstractEquation
@@ -247,6 +254,10 @@ class FlowJacobian(eqx.Module):
     With a `mask`, the solve runs with that key mask (the real tokens never see the
     padded ones), and the operator is the flow's own Jacobian, padded tokens included:
     the sensitivity functions restrict it to the real tokens.
+
+    **Fields:** `flow`: the [`FlowMap`][itde.analysis.FlowMap] $\varphi_{s,t}$ that is
+    differentiated (its model, depths $s, t$ and solver); `u`: the state $u(s)$ at which,
+    `[tokens, features]`; `mask`: the key mask `[tokens]` (booleans), or None.
     """
 
     flow: FlowMap

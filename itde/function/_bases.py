@@ -21,6 +21,13 @@ class AbstractBasis(eqx.Module):
 
     Calling the basis on nodes `x` of shape `[n]` returns `[n, M]`, in the dtype of `x`
     (differentiable in `x`).
+
+    **Fields:**
+
+    - `n_modes`: the number of functions $M \ge 1$ (the length of a coefficient axis in
+      this basis; a grid needs at least $M$ nodes to resolve them).
+    - `interval`: the domain $[a, b]$ as a pair `(a, b)`, $b > a$ (default $(0, 1)$); a
+      rule that samples the basis must cover the same interval.
     """
 
     n_modes: int = eqx.field(static=True)
@@ -67,6 +74,8 @@ class LegendreBasis(AbstractBasis):
 
     Spans the polynomials of degree $< M$; Gauss–Legendre with $N$ nodes integrates
     a product $\varphi_j\varphi_k$ exactly when $N \ge M$.
+
+    `n_modes`: $M$, the degrees $k = 0, \dots, M - 1$; `interval`: $[a, b]$ (`(a, b)`).
     """
 
     def _reference(self, s):
@@ -82,6 +91,10 @@ class FourierBasis(AbstractBasis):
 
     For periodic domains (pair it with [`PeriodicTrapezoid`][itde.PeriodicTrapezoid],
     exact for trigonometric polynomials of degree $< N$).
+
+    `n_modes`: $M$, the number of functions kept in that order (constant, then cosine and
+    sine of frequency $j = 1, 2, \dots$; an even $M$ ends on a cosine); `interval`: one
+    period $[a, b]$ (`(a, b)`).
     """
 
     def _reference(self, s):

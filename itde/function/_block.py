@@ -25,6 +25,22 @@ class FunctionBlock(AbstractBlock):
 
     The model samples the kernels at the grid's nodes at every evaluation, so the same
     object runs on any grid (`TransformerIDE.on_grid`).
+
+    **Fields** (one layer's shapes; stacked in controls, every coefficient array has a
+    leading layer or mode axis):
+
+    - `attention`: a [`FunctionAttention`][itde.FunctionAttention], the kernels
+      $W^{Q,K,V}_m(\xi, \eta)$ from $\Omega_y$ to the head domain $\Omega_h$ and
+      $W^O_m(\eta, y)$ back, with coefficients `[heads, M_y, M_h]` and `[heads, M_h, M_y]`.
+    - `norm1`: the normalisation of the attention sub-flow (the projection onto $S^{(1)}$
+      after attention in a post-norm block, the map $N_1$ in $A(N_1 u)$ in a pre-norm or
+      parallel one), with scalar parameters only.
+    - `feedforward`: a [`FunctionFeedForward`][itde.FunctionFeedForward], the kernels
+      $W_1(\xi, z)$ from $\Omega_y$ to the hidden domain $\Omega_z$ and $W_2(z, y)$ back.
+    - `norm2`: the normalisation of the feed-forward sub-flow (the projection onto
+      $S^{(2)}$ after it, or $N_2$ in $F(N_2 u)$), scalar parameters only.
+    - `affine1`, `affine2`: always None: the per-feature fields of
+      [`Block`][itde.Block]'s continuum form exist on one feature grid only.
     """
 
     attention: FunctionAttention

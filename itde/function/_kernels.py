@@ -95,7 +95,10 @@ class FunctionKernel(eqx.Module):
 
 
 class FunctionBias(eqx.Module):
-    r"""A bias function $b(y) = \sum_b c_b\,\psi_b(y)$; `coeffs` is `[*batch, M]`."""
+    r"""A bias function $b(y) = \sum_b c_b\,\psi_b(y)$; `coeffs` is `[*batch, M]`.
+
+    `basis`: the basis $\psi$ of the domain of $y$ (the feature, head or hidden domain of
+    the operator the bias belongs to), with `basis.n_modes` $= M$."""
 
     coeffs: Float[Array, "*batch modes"]
     basis: AbstractBasis
@@ -122,7 +125,14 @@ class FunctionBias(eqx.Module):
 
 class FunctionField(eqx.Module):
     r"""A state $f(x, y) = \sum_{a,b} c_{ab}\,\varphi_a(x)\,\psi_b(y)$ on
-    $\Omega_x \times \Omega_y$, e.g. the initial condition $u(x, y, 0)$."""
+    $\Omega_x \times \Omega_y$, e.g. the initial condition $u(x, y, 0)$.
+
+    **Fields:**
+
+    - `coeffs`: $c_{ab}$, `[M_x, M_y]` (`basis_x.n_modes`, `basis_y.n_modes`).
+    - `basis_x`: the basis $\varphi$ of the token domain $\Omega_x$.
+    - `basis_y`: the basis $\psi$ of the feature domain $\Omega_y$.
+    """
 
     coeffs: Float[Array, "modes_x modes_y"]
     basis_x: AbstractBasis

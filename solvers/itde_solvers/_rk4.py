@@ -47,6 +47,12 @@ class RK4(AbstractERK):
     $(y_0, f(t_0, y_0))$ and $(y_1, f(t_1, y_1))$ (third order).
 
     **Arguments:** None.
+
+    `scan_kind`: diffrax's field of every Runge–Kutta solver, how the loop over the stages
+    of a step is run: None (the default: diffrax's checkpointed loop), `"lax"` (a plain
+    `lax` loop, which forward-mode differentiation needs; `diffrax.ForwardMode` sets it)
+    or `"bounded"` (`diffrax.DirectAdjoint` sets it). `itde.solve` sets it likewise on a
+    solver wrapped in `Projected` or `FrozenTime`, where diffrax cannot reach it.
     """
 
     tableau: ClassVar[ButcherTableau] = _rk4_tableau
