@@ -203,3 +203,57 @@ def test_pretrained_continuum_helpers(gallery):
     diffs = mod.layer_differences(itde.PiecewiseConstant(itde.stack(blocks)))
     assert diffs["feedforward.w1"] == pytest.approx([2.0, 0.0])
     assert not any(k.startswith("norm") for k in diffs)  # constant in depth: left out
+
+
+# --------------------------------------------------------------------- rank_collapse
+def test_rank_collapse_tiny(gallery, tmp_path, capsys):
+    """Pure attention contracts the residual from token uniformity cubically per layer and
+    reaches round-off within the tiny depth; with a skip connection the layer keeps it
+    (slope 1) and the tokens keep their rank."""
+    mod = gallery("rank_collapse")
+    data = _run(mod, "rank_collapse", tmp_path, capsys)
+    setup, floor = data["setup"], data["setup"]["floor"]
+    assert data["variants"] == list(mod.VARIANTS)
+    for v in mod.VARIANTS:
+        assert len(data["runs"][v]) == setup["seeds"] == len(data["contraction"][v])
+        for run in data["runs"][v]:
+            assert len(run["residual"]) == setup["n_layers"] + 1
+            assert 0.5 < run["residual"][0] <= 1  # random tokens: far from uniform
+        slopes = [row["slope"] for sweep in data["contraction"][v] for row in sweep]
+        assert len(slopes) == setup["seeds"] * setup["n_layers"]
+        # res(A(1x^T + eps R)) = O(eps^3) (the eps^2 score terms that vary with the query,
+        # times R); with a skip the eps R survives
+        expected = 1.0 if v in mod.SKIPPING else 3.0
+        assert all(abs(s - expected) < 0.1 for s in slopes), (v, slopes)
+    for att, skip in zip(data["runs"]["attention"], data["runs"]["attention + skip"]):
+        assert att["layers_to_floor"] is not None and min(att["residual"]) < floor
+        assert att["effective_rank"][-1] < 1 + 1e-6  # rank one
+        assert min(skip["residual"]) > 0.1 * skip["residual"][0]
+        assert skip["effective_rank"][-1] > 2
+    assert data["claims"][0]["holds"] and data["claims"][1]["holds"]
+
+
+def test_rank_collapse_fit_on_a_doubly_exponential_sequence(gallery):
+    """r_l = exp(-3^l) for l >= 1 (r_0 = 1): log(-log r_l) = l log 3 exactly; the observed
+    order is 3 once the first step (from r_0 = 1, which is not exp(-1)) is passed."""
+    mod = gallery("rank_collapse")
+    res = [1.0] + [math.exp(-(3.0**k)) for k in range(1, 5)]  # down to exp(-81)
+    fit = mod.doubly_exponential_fit(res)
+    assert fit["fit_layers"] == [1, 2, 3]  # exp(-81) is below the round-off floor
+    assert fit["loglog_slope"] == pytest.approx(math.log(3))
+    assert fit["orders"] == pytest.approx([(9 - 3) / 3, (27 - 9) / (9 - 3)])  # [2, 3]
+    assert fit["layers_to_floor"] == 4
+    single = mod.doubly_exponential_fit([0.5**k for k in range(8)])
+    assert single["orders"] == pytest.approx([1.0] * 6)
+
+
+def test_rank_collapse_cli_errors_name_the_flag(gallery, tmp_path, capsys):
+    mod = gallery("rank_collapse")
+    with pytest.raises(SystemExit):
+        mod.main(["--tiny", "--layers", "0", "--out", str(tmp_path)])
+    assert "argument --layers: must be a positive integer, got '0'" in capsys.readouterr().err
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    with pytest.raises(SystemExit):
+        mod.main(["--tiny", "--out", str(f)])
+    assert "argument --out" in capsys.readouterr().err

@@ -32,7 +32,7 @@ from itde.train import TASKS, build_model, predict
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 # scripts whose tiny run is in test_examples.py (particles default, pretrained_continuum slow)
-TINY_RUN_ELSEWHERE = {"particles", "pretrained_continuum"}
+TINY_RUN_ELSEWHERE = {"particles", "pretrained_continuum", "rank_collapse"}
 SMOKED = {"resnet_ode", "splitting_blocks", "resolution_transfer"}
 
 
