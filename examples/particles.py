@@ -408,9 +408,9 @@ def main(argv=None) -> dict:
     axes[3].axvline(dt, color="grey", ls="--", lw=1, label=f"the runs' step {dt:g}")
     axes[3].set_yscale("log")
     axes[3].set_xlabel("step dt of projected RK4")
-    axes[3].set_ylabel(r"largest decrease of $E_\beta$ per step / max $E_\beta$")
-    axes[3].set_title(f"Energy monotone below a threshold step (d = {dims[0]}; "
-                      f"{floor:g} plotted for 0)")  # fmt: skip
+    axes[3].set_ylabel(rf"largest decrease of $E_\beta$ per step / max $E_\beta$ ({floor:g}: 0)")
+    axes[3].set_title(rf"$E_\beta$ monotone below a threshold step (d = {dims[0]}, to t = "
+                      f"{study_cfg[1]:g})")  # fmt: skip
     axes[3].legend(fontsize=8)
     save(fig, out, "particles")
     payload = {
