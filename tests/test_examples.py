@@ -276,7 +276,7 @@ def test_rank_collapse_cli_errors_name_the_flag(gallery, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------- depth_spectra
-@pytest.mark.slow  # ~50 s on a loaded 2-core CPU: a compiled training step, BERT, two VJP solves
+@pytest.mark.slow  # ~65 s on a loaded 2-core CPU: a compiled training step, BERT, VJP solves
 def test_depth_spectra_tiny(gallery, tmp_path, capsys, monkeypatch):
     """The pipeline: a smooth-depth charlm model trained for a few steps, its spectra at
     every depth, a random BERT's per layer (as converted and with its gains folded), and
@@ -290,7 +290,7 @@ def test_depth_spectra_tiny(gallery, tmp_path, capsys, monkeypatch):
         p = data["profiles"][key]
         assert p["ts"] == pytest.approx(setup["depths"])
         assert np.asarray(p["per_head"]).shape == (len(setup["depths"]), heads)
-        np.testing.assert_allclose(np.mean(p["per_head"], axis=1), p["mean"], rtol=1e-12)
+        np.testing.assert_allclose(np.mean(p["per_head"], axis=1), p["mean"], rtol=1e-6)  # float32
     for key in ("minilm", "minilm_folded"):
         assert data["profiles"][key]["ts"] == [0.0, 1.0]  # the random BERT's two layers
     assert [c["judged"] for c in data["claims"]] == [False] * 3
