@@ -26,6 +26,26 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def positive_int(text: str) -> int:
+    """An argparse `type` for a positive integer flag (argparse names the flag in the error:
+    "argument --layers: must be a positive integer, got '0'")."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def check_out(p: argparse.ArgumentParser, args) -> Path:
+    """`--out` as a folder: a clear error naming the flag when it is an existing file."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"argument --out: {str(out)!r} is a file, not a folder")
+    return out
+
+
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 

@@ -4,12 +4,11 @@ it does (tokens stay on the sphere and cluster, first-order convergence of the r
 Transformer with smooth weights, equal kernel parameters across depth schemes, exact
 trigonometric interpolation).
 
-The tiny runs of `resnet_ode.py`, `splitting_blocks.py` and `resolution_transfer.py` are
-behind `-m slow` (each is a few diffrax compiles, up to a minute on a 2-core CPU); their
-models are built and run by default in `test_gallery_smoke.py`. The tiny run of
-`pretrained_continuum.py` (a random 2-layer `BertModel`, about 20 s) is default: it checks
-the conversion against Hugging Face, the continuum form at one step per layer and the
-depth study's convergence."""
+The tiny runs of `resnet_ode.py`, `splitting_blocks.py`, `resolution_transfer.py`,
+`pretrained_continuum.py` and `depth_spectra.py` are behind `-m slow` (each is a few diffrax
+compiles or a training step, up to a minute on a 2-core CPU); their models or pieces are
+built and run by default (in `test_gallery_smoke.py`, or here). The tiny runs of
+`particles.py` and `rank_collapse.py` are default."""
 
 from __future__ import annotations
 
@@ -61,7 +60,24 @@ def test_particles_cluster_on_the_sphere(gallery, tmp_path, capsys):
         # tiny: beta <= 2 on S^2 clusters well before t = 40
         assert min(case["final_min_inner"]) > 1 - mod.DELTA
         assert all(0 < t < data["setup"]["t1"] for t in case["time_to_cluster"])
+        # E_beta never decreases along the flow: at dt = 0.2 (below the energy-stable
+        # threshold of RK4) every step's decrease is round-off
+        rise = np.asarray(case["energy_final"]) - np.asarray(case["energy_initial"])
+        assert np.all(rise > 0)
+        assert max(case["energy_violation_over_max"]) <= data["setup"]["energy_round_off"]
+        # single linkage at tol 1e-2 joins no later than every cosine >= 1 - 1e-3
+        assert all(0 < m <= t for m, t in zip(case["last_merge_time"], case["time_to_cluster"]))
+        assert case["clusters_median"][0] == data["setup"]["n_tokens"]  # random start
+        assert case["clusters_median"][-1] == 1
     assert data["claims"][0]["holds"]
+    study = {(r["dt"], r["beta"]): r for r in data["energy_step_study"]}
+    assert {dt for dt, _ in study} == set(data["setup"]["step_study"]["steps"])
+    # the study's dt = 0.2 is the runs' own solve, and far beyond the stable step the
+    # energy falls (the diagnostic is not vacuous)
+    for case in data["cases"]:
+        row = study[(data["setup"]["dt"], case["beta"])]
+        assert row["violation"] == max(case["energy_violation"])
+    assert max(r["violation_over_max_energy"] for r in data["energy_step_study"]) > 1e-3
 
 
 def test_particle_model_is_the_attention_dynamics(gallery):
@@ -203,3 +219,143 @@ def test_pretrained_continuum_helpers(gallery):
     diffs = mod.layer_differences(itde.PiecewiseConstant(itde.stack(blocks)))
     assert diffs["feedforward.w1"] == pytest.approx([2.0, 0.0])
     assert not any(k.startswith("norm") for k in diffs)  # constant in depth: left out
+
+
+# --------------------------------------------------------------------- rank_collapse
+def test_rank_collapse_tiny(gallery, tmp_path, capsys):
+    """Pure attention contracts the residual from token uniformity cubically per layer and
+    reaches round-off within the tiny depth; with a skip connection the layer keeps it
+    (slope 1) and the tokens keep their rank."""
+    mod = gallery("rank_collapse")
+    data = _run(mod, "rank_collapse", tmp_path, capsys)
+    setup, floor = data["setup"], data["setup"]["floor"]
+    assert data["variants"] == list(mod.VARIANTS)
+    for v in mod.VARIANTS:
+        assert len(data["runs"][v]) == setup["seeds"] == len(data["contraction"][v])
+        for run in data["runs"][v]:
+            assert len(run["residual"]) == setup["n_layers"] + 1
+            assert 0.5 < run["residual"][0] <= 1  # random tokens: far from uniform
+        slopes = [row["slope"] for sweep in data["contraction"][v] for row in sweep]
+        assert len(slopes) == setup["seeds"] * setup["n_layers"]
+        # res(A(1x^T + eps R)) = O(eps^3) (the eps^2 score terms that vary with the query,
+        # times R); with a skip the eps R survives
+        expected = 1.0 if v in mod.SKIPPING else 3.0
+        assert all(abs(s - expected) < 0.1 for s in slopes), (v, slopes)
+    for att, skip in zip(data["runs"]["attention"], data["runs"]["attention + skip"]):
+        assert att["layers_to_floor"] is not None and min(att["residual"]) < floor
+        assert att["effective_rank"][-1] < 1 + 1e-6  # rank one
+        assert min(skip["residual"]) > 0.1 * skip["residual"][0]
+        assert skip["effective_rank"][-1] > 2
+    assert data["claims"][0]["holds"] and data["claims"][1]["holds"]
+
+
+def test_rank_collapse_fit_on_a_doubly_exponential_sequence(gallery):
+    """r_l = exp(-3^l) for l >= 1 (r_0 = 1): log(-log r_l) = l log 3 exactly; the observed
+    order is 3 once the first step (from r_0 = 1, which is not exp(-1)) is passed."""
+    mod = gallery("rank_collapse")
+    res = [1.0] + [math.exp(-(3.0**k)) for k in range(1, 5)]  # down to exp(-81)
+    fit = mod.doubly_exponential_fit(res)
+    assert fit["fit_layers"] == [1, 2, 3]  # exp(-81) is below the round-off floor
+    assert fit["loglog_slope"] == pytest.approx(math.log(3))
+    assert fit["orders"] == pytest.approx([(9 - 3) / 3, (27 - 9) / (9 - 3)])  # [2, 3]
+    assert fit["layers_to_floor"] == 4
+    single = mod.doubly_exponential_fit([0.5**k for k in range(8)])
+    assert single["orders"] == pytest.approx([1.0] * 6)
+
+
+def test_rank_collapse_cli_errors_name_the_flag(gallery, tmp_path, capsys):
+    mod = gallery("rank_collapse")
+    with pytest.raises(SystemExit):
+        mod.main(["--tiny", "--layers", "0", "--out", str(tmp_path)])
+    assert "argument --layers: must be a positive integer, got '0'" in capsys.readouterr().err
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    with pytest.raises(SystemExit):
+        mod.main(["--tiny", "--out", str(f)])
+    assert "argument --out" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- depth_spectra
+@pytest.mark.slow  # ~65 s on a loaded 2-core CPU: a compiled training step, BERT, VJP solves
+def test_depth_spectra_tiny(gallery, tmp_path, capsys, monkeypatch):
+    """The pipeline: a smooth-depth charlm model trained for a few steps, its spectra at
+    every depth, a random BERT's per layer (as converted and with its gains folded), and
+    Tong et al.'s token exponents of every real token."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # configs/ is read from here
+    mod = gallery("depth_spectra")
+    data = _run(mod, "depth_spectra", tmp_path, capsys)
+    setup, cfg = data["setup"], data["setup"]["config"]
+    heads = cfg["model"]["n_heads"]
+    for key in ("trained", "init"):
+        p = data["profiles"][key]
+        assert p["ts"] == pytest.approx(setup["depths"])
+        assert np.asarray(p["per_head"]).shape == (len(setup["depths"]), heads)
+        np.testing.assert_allclose(np.mean(p["per_head"], axis=1), p["mean"], rtol=1e-6)  # float32
+    for key in ("minilm", "minilm_folded"):
+        assert data["profiles"][key]["ts"] == [0.0, 1.0]  # the random BERT's two layers
+    assert [c["judged"] for c in data["claims"]] == [False] * 3
+    lm, bert = data["lyapunov"]["charlm"], data["lyapunov"]["minilm"]
+    assert lm["n"] == setup["windows"] * cfg["task"]["context"]  # every token of every window
+    assert bert["n"] > setup["sentences"]  # the real tokens only (padding is NaN)
+    for v in (lm, bert):
+        assert len(v["values"]) == v["n"] and all(map(math.isfinite, v["values"]))
+        assert v["min"] <= v["mean"] <= v["max"]
+
+
+def test_depth_spectra_profile_reads_every_head(gallery):
+    """`qk_profile` on a model whose forms are known: layer l, head h has
+    W^Q = c_l (h + 1) R diag(1, 2), W^K = I with R a rotation by 0.7, so its eigenvalues are
+    c_l (h + 1) times those of R diag(1, 2) and the largest modulus is known in closed form;
+    the fitted line through a linear profile is exact."""
+    import jax.numpy as jnp
+
+    import itde
+
+    mod = gallery("depth_spectra")
+    c = (1.0, 2.0, 4.0)
+    th = 0.7
+    rot = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]]) @ np.diag([1.0, 2.0])
+    top = np.max(np.abs(np.linalg.eigvals(rot)))
+    norm = itde.LayerNormProjection(0.0, 1.0, None, None, 0.0)
+    ff = itde.FeedForward(jnp.zeros((2, 1)), jnp.zeros((1, 2)), None, None)
+    eye = jnp.eye(2)[None].repeat(2, 0)
+    blocks = [
+        itde.Block(
+            itde.Attention(
+                wq=jnp.asarray(np.stack([cl * rot, 2 * cl * rot])),
+                wk=eye,
+                wv=eye,
+                wo=eye,
+                bq=None,
+                bk=None,
+                bv=None,
+                bo=None,
+            ),
+            norm,
+            ff,
+            norm,
+        )
+        for cl in c
+    ]
+    model = itde.TransformerIDE(itde.PiecewiseConstant(itde.stack(blocks)), itde.Grid.unit(2))
+    p = mod.qk_profile(model)
+    assert p["ts"] == [0.0, 1.0, 2.0]
+    np.testing.assert_allclose(p["per_head"], np.outer(c, [top, 2 * top]), rtol=1e-6)
+    np.testing.assert_allclose(p["mean"], 1.5 * top * np.asarray(c), rtol=1e-6)
+    f = mod.trend([0.0, 1.0, 2.0, 3.0], [1.0, 1.5, 2.0, 2.5])
+    assert f["slope"] == pytest.approx(1.5) and f["intercept"] == pytest.approx(1.0)
+    assert f["r2"] == pytest.approx(1.0) and f["relative_change"] == pytest.approx(1.5 / 1.75)
+
+
+def test_depth_spectra_config_is_smooth_in_depth(gallery, monkeypatch, capsys):
+    """The configs are the shipped charlm config with controls smooth in depth (so that
+    spectra exist at every depth); bad flags are named."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # configs/ is read from here
+    mod = gallery("depth_spectra")
+    for tiny in (True, False):
+        cfg = mod.make_config(tiny)
+        assert cfg.task.name == "charlm" and cfg.model.continuous and cfg.model.eps == 0.0
+    assert mod.make_config(True, steps=7).optim.steps == 7
+    with pytest.raises(SystemExit):
+        mod.main(["--tiny", "--steps", "-1"])
+    assert "argument --steps: must be a positive integer, got '-1'" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """Every gallery script (`examples/`) builds its models and runs them, in the default run.
 
 The scripts' `--tiny` runs train or sweep (tens of seconds each) and are `-m slow` in
-`test_examples.py`, except `particles.py`, whose tiny run is default there;
+`test_examples.py`, except `particles.py` and `rank_collapse.py`, whose tiny runs are default
+there (and `depth_spectra.py`'s pieces: its profile of a model with known spectra, its
+configs);
 `pretrained_continuum.py`'s tiny run is slow too, the pieces of its pipeline being default
 elsewhere (the conversion in `test_pretrained.py` and `test_hf.py`, the continuum form in
 `test_continuum_form.py`, the depth study in `test_model_study.py`). Here each other
@@ -31,8 +33,9 @@ from itde.train import TASKS, build_model, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-# scripts whose tiny run is in test_examples.py (particles default, pretrained_continuum slow)
-TINY_RUN_ELSEWHERE = {"particles", "pretrained_continuum"}
+# scripts whose tiny run is in test_examples.py (particles and rank_collapse default,
+# pretrained_continuum and depth_spectra slow, depth_spectra's pieces default there)
+TINY_RUN_ELSEWHERE = {"particles", "pretrained_continuum", "rank_collapse", "depth_spectra"}
 SMOKED = {"resnet_ode", "splitting_blocks", "resolution_transfer"}
 
 
