@@ -23,7 +23,7 @@ def _config_problem(path: str | None, n: int):
     """A random model of a solve config (default: the built-in one) and `n` random states."""
     import jax
 
-    from ._main import _build_solve
+    from ._build import _build_solve
 
     cfg = _config.load(_config.SolveExperiment, path) if path else _config.SolveExperiment()
     source = path or "<built-in default>"

@@ -11,6 +11,7 @@ import sys
 
 from .. import _config
 from .._io import check_output_dir, write_json
+from ._build import _build_solve
 from ._help import Parser, writes
 
 
@@ -20,35 +21,6 @@ def _out(flag, configured, key):
     if flag is None:
         return check_output_dir(configured, key)
     return check_output_dir(flag, "--out")
-
-
-def _build_solve(cfg: _config.SolveExperiment):
-    import jax
-
-    from .._blocks import block_from_names
-    from .._equation import TransformerIDE
-    from .._quadrature._rules import RULES, Grid
-
-    g = cfg.grid
-    grid = Grid(
-        RULES[g.tokens](interval=g.token_interval),
-        RULES[g.features](interval=g.feature_interval),
-        cfg.model.n_features,
-    )
-    m = cfg.model
-    return TransformerIDE.init(
-        jax.random.key(m.seed),
-        n_layers=m.n_layers,
-        n_features=m.n_features,
-        n_heads=m.n_heads,
-        n_hidden=m.n_hidden,
-        activation=m.activation,
-        eps=m.eps,
-        bias=m.bias,
-        causal=m.causal,
-        block=block_from_names("post_norm", m.ffn_form),
-        grid=grid,
-    )
 
 
 def cmd_solve(args) -> int:
