@@ -56,7 +56,7 @@ class TaskConfig:
     """What is learnt (the `[task]` table).
 
     - `name`: a key of [`TASKS`][itde.train.TASKS]: `"sort"` (sort `length` digits from
-      `{0..vocab-1}`), `"burgers"` (the solution operator $u_0 \\mapsto u(t_f)$ of
+      `{0..vocab-1}`, `vocab` the number of distinct digits), `"burgers"` (the solution operator $u_0 \\mapsto u(t_f)$ of
       periodic viscous Burgers on `n_grid` points; `nu`, `t_final`, `n_modes`, `decay`,
       `amplitude`, `oversample` as in `itde.data.BurgersTask`) or `"charlm"`
       (next-character prediction on `text_path`, empty = the built-in tiny text; a
@@ -191,10 +191,17 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """The optimiser (the `[optim]` table): `clip_by_global_norm(clip_norm)` then AdamW
+    r"""The optimiser (the `[optim]` table): `clip_by_global_norm(clip_norm)` then AdamW
     with a linear warm-up over `warmup` steps to `lr` and a cosine decay to
     `lr * final_lr_ratio` at `steps`; `batch_size` examples a step; `seed` (an integer in
     $[0, 2^{32} - 1]$) sets the initialisation and the data stream.
+
+    - `final_lr_ratio`: the learning rate at the last step as a fraction of `lr`, in
+      $[0, 1]$ (0: the cosine decays to zero).
+    - `weight_decay`: AdamW's decoupled decay $\ge 0$, applied to the parameters whose
+      role is a kernel (see `itde.parameter_roles`), not to biases, gains or positions.
+    - `b1`, `b2`: Adam's moment decay rates, in $[0, 1)$.
+    - `clip_norm`: the global gradient norm above which the gradient is rescaled to it.
 
     `accumulate` = $K$ splits each step's batch into $K$ micro-batches of
     `batch_size / K` examples, run one after the other (a `jax.lax.scan` in the compiled
@@ -255,7 +262,12 @@ class RunConfig:
     bfloat16 casts parameters and activations for the forward and backward passes and
     keeps float32 master parameters and optimiser state), the output directory (empty:
     `runs/<task name>`) and the progress bar. The defaults of every table are
-    `configs/sort.toml`'s."""
+    `configs/sort.toml`'s.
+
+    - `log_every`, `eval_every`, `checkpoint_every`: steps between two rows of
+      `metrics.jsonl` (training loss, rate), two held-out evaluations, two checkpoints.
+    - `out`: the run's directory (`--out` overrides it).
+    - `progress`: show a progress bar (`--no-progress` prints a line per evaluation)."""
 
     log_every: int = 50
     eval_every: int = 250

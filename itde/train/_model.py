@@ -99,7 +99,12 @@ def _uniform(key, shape, scale, dtype):
 class TokenModel(eqx.Module):
     r"""Tokens $\to$ logits: $f(x_k) = E[\text{token}_k] + P[k]$, the IDE to depth $T$,
     then `logits = u(T) W + b`. Call on one sequence of int tokens `[n]`, $n \le$ `context`;
-    batch with `jax.vmap`."""
+    batch with `jax.vmap`.
+
+    - `embedding`: $E$, `[vocab, width]`; `position`: $P$, `[context, width]` (learned).
+    - `ide`: the equation, a [`TransformerIDE`][itde.TransformerIDE] of depth $T$.
+    - `readout`: $W$, `[width, vocab]`; `readout_bias`: $b$, `[vocab]`.
+    - `scheme`, `dt`: the depth integrator (a name of `itde.SCHEMES`) and its step."""
 
     embedding: Float[Array, "vocab width"] = kernel()
     position: Float[Array, "context width"] = kernel()
@@ -145,7 +150,12 @@ class TokenModel(eqx.Module):
 class FieldModel(eqx.Module):
     r"""$u_0$ on $N$ periodic grid points $\to$ $u(t_f)$ on the same points: features
     $[u_0(x), \sin x, \cos x]$ lifted linearly to the width, the IDE on the periodic token
-    domain $[0, 2\pi)$, a linear readout to one value per token. Any even $N$ works."""
+    domain $[0, 2\pi)$, a linear readout to one value per token. Any even $N$ works.
+
+    - `lift`: `[3, width]` and `lift_bias`: `[width]`, the lift of $[u_0, \sin x, \cos x]$.
+    - `ide`: the equation, a [`TransformerIDE`][itde.TransformerIDE] on the periodic grid.
+    - `readout`: `[width]` and `readout_bias`: a scalar, the value read from $u(t_f)$.
+    - `scheme`, `dt`: the depth integrator (a name of `itde.SCHEMES`) and its step."""
 
     lift: Float[Array, "3 width"] = kernel()
     lift_bias: Float[Array, " width"]
