@@ -4,14 +4,14 @@
 - Configs: [`TrainExperiment`][] with its tables [`TaskConfig`][], [`ModelConfig`][],
   [`OptimConfig`][], [`RunConfig`][]; [`load`][] (TOML) and [`from_dict`][], `to_dict`;
   errors are [`ConfigError`][].
-- Tasks: [`TASKS`][] (`"sort"`, `"burgers"`, `"charlm"`) of [`AbstractTask`][]s — the data,
-  model, loss and metrics of each.
+- Tasks: [`TASKS`][] (`"sort"`, `"burgers"`, `"charlm"`, `"textlm"`) of
+  [`AbstractTask`][]s — the data, model, loss and metrics of each.
 - Models: [`TokenModel`][], [`FieldModel`][], [`build_model`][], [`with_depth`][],
   [`predict`][], [`loss_fn`][].
 - Training: [`train`][] (a [`TrainResult`][]), [`Run`][], [`make_step`][], [`make_optimizer`][],
   [`evaluate`][]; checkpoints [`save_checkpoint`][], [`load_checkpoint`][],
   [`read_checkpoint_meta`][], [`CheckpointError`][].
-- Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
+- Sampling: [`sample`][] and [`sample_stream`][] (causal text models: charlm, textlm).
 """
 
 from ._checkpoint import CheckpointError
@@ -44,7 +44,7 @@ from ._loop import (
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
 from ._task import AbstractTask
-from ._tasks import TASKS, Burgers, CharLM, Sort, build_model
+from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -61,6 +61,7 @@ __all__ = [
     "RunConfig",
     "Sort",
     "TaskConfig",
+    "TextLM",
     "TokenModel",
     "TrainExperiment",
     "build_model",
