@@ -7,7 +7,9 @@ depend on the weights).
     python benchmarks/bench_sample.py [--config configs/charlm.toml --length 512 --repeats 3]
 
 Prints compile time, characters/s of each and their ratio, and checks that both produce
-the same text (greedy).
+the same text (greedy). Both compile once: the baseline's position is a traced int32, as
+the compiled loop's is (a Python int there would be static under `eqx.filter_jit` and
+recompile the baseline for every prefix length up to the context, inside its timing).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def per_character(model, itos, prompt, length, temperature=0.0, seed=0) -> str:
         window = ids[-context:]
         padded = np.zeros((context,), np.int32)
         padded[: len(window)] = window
-        nxt = _next(model, jnp.asarray(padded), len(window) - 1, jax.random.fold_in(key, i), temp)
+        # the position as a traced int32: a Python int is static under `eqx.filter_jit`, so
+        # each new prefix length (1 .. context) would compile `_next` again inside the timing
+        last = jnp.asarray(len(window) - 1, jnp.int32)
+        nxt = _next(model, jnp.asarray(padded), last, jax.random.fold_in(key, i), temp)
         ids.append(int(nxt))
     return "".join(itos[i] for i in ids[len(prompt) :])
 

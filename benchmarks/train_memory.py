@@ -11,6 +11,12 @@ stacked layers (`lax.scan`, JAX's own reverse mode), the baseline. The growth ra
 least-squares slope in bytes per layer, and the same divided by one layer's state
 (`batch x tokens x width` floats).
 
+The baseline is measured twice: `plain_jax` (JAX's reverse mode keeps every residual of
+every layer) and `plain_jax_remat` (each layer under `jax.checkpoint`, `_plain.py`'s
+`remat=True`: one state kept per layer, the layer recomputed on the way back — the memory
+policy of `itde.solve`). itde against `plain_jax_remat` compares the libraries; against
+`plain_jax` it compares the memory policies.
+
     python benchmarks/train_memory.py [--layers 2 4 8 16 --out runs/train_memory]
 """
 
@@ -25,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 SHAPE = dict(batch=32, tokens=64, width=64, heads=4, hidden=256)
+#: the measured programs: plain JAX without and with remat (the baselines), then itde
+IMPLS = ("plain_jax", "plain_jax_remat", "itde")
 
 
 def _status_kib(field: str) -> int:
@@ -54,11 +62,14 @@ def measure(impl: str, L: int) -> dict:
 
         def forward(p, x):
             return eqx.combine(p, static).batch(x)
-    else:
+    elif impl in IMPLS:
         params = random_params(jax.random.key(0), L, s["width"], s["hidden"])
+        remat = impl == "plain_jax_remat"
 
         def forward(p, x):
-            return plain_encoder(p, x, s["heads"])
+            return plain_encoder(p, x, s["heads"], remat=remat)
+    else:
+        raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
 
     opt = optax.adam(1e-3)
 
@@ -93,7 +104,7 @@ def main(argv=None):
     rows = []
     for L in a.layers:
         row = {"layers": L}
-        for impl in ("plain_jax", "itde"):
+        for impl in IMPLS:
             out = subprocess.run([sys.executable, __file__, "--one", impl, str(L)],
                                  capture_output=True, text=True, check=True).stdout  # fmt: skip
             row[impl] = json.loads(out.strip().splitlines()[-1])
@@ -102,18 +113,18 @@ def main(argv=None):
     state = 4 * SHAPE["batch"] * SHAPE["tokens"] * SHAPE["width"]
     Ls = np.array(a.layers, float)
     growth = {}
-    for impl in ("plain_jax", "itde"):
+    for impl in IMPLS:
         for q in ("xla_temp_bytes", "rss_peak_bytes"):
             slope = float(np.polyfit(Ls, [r[impl][q] for r in rows], 1)[0])
             growth[f"{impl}/{q}"] = {"bytes_per_layer": slope, "states_per_layer": slope / state}
     mib = 2.0**20
-    print(f"{'layers':>6}{'plain temp MiB':>16}{'plain RSS MiB':>15}{'itde temp MiB':>15}"
-          f"{'itde RSS MiB':>14}")  # fmt: skip
+    names = {"plain_jax": "plain", "plain_jax_remat": "plain+remat", "itde": "itde"}
+    print(f"{'layers':>6}" + "".join(f"{names[k] + ' temp MiB':>22}{names[k] + ' RSS MiB':>21}"
+                                     for k in IMPLS))  # fmt: skip
     for r in rows:
-        p, i = r["plain_jax"], r["itde"]
-        print(f"{r['layers']:>6}{p['xla_temp_bytes'] / mib:>16.1f}"
-              f"{p['rss_peak_bytes'] / mib:>15.1f}"
-              f"{i['xla_temp_bytes'] / mib:>15.1f}{i['rss_peak_bytes'] / mib:>14.1f}")  # fmt: skip
+        print(f"{r['layers']:>6}" + "".join(
+            f"{r[k]['xla_temp_bytes'] / mib:>22.1f}{r[k]['rss_peak_bytes'] / mib:>21.1f}"
+            for k in IMPLS))  # fmt: skip
     for k, g in growth.items():
         print(f"growth {k}: {g['bytes_per_layer'] / mib:.2f} MiB/layer = "
               f"{g['states_per_layer']:.1f} states of [batch, tokens, width]")  # fmt: skip

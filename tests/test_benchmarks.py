@@ -69,3 +69,28 @@ def test_gpu_script_tiny_runs_and_writes_its_json(tmp_path):
 def test_gpu_script_tiny_every_configuration(tmp_path):
     r = _run(tmp_path)
     _check(r, ["dense", "blocked", "fused"], ["float32", "bfloat16"])
+
+
+def test_nanogpt_benchmark_tiny_trains_both_on_the_same_stream(tmp_path):
+    # benchmarks/bench_nanogpt.py --tiny, in this process: itde's GPT and nanoGPT's in
+    # PyTorch start from the same weights and see the same batches with the same
+    # optimiser, so their validation losses agree at every evaluation (a different
+    # stream, schedule, decay mask or architecture would part them at once)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_nanogpt
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    r = bench_nanogpt.main(["--tiny", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "bench_nanogpt.json").read_text()) == r
+    (run,) = r["seeds"]
+    assert run["initial_max_abs_logit_diff"] < 1e-5
+    assert [e["step"] for e in run["evals"]] == [0, 6, 12]
+    for e in run["evals"]:
+        assert e["itde"] == pytest.approx(e["torch"], abs=2e-4), e
+    assert run["evals"][-1]["itde"] < run["evals"][0]["itde"] - 0.1  # it learns
+    assert run["timed_steps"] == 11
+    s = run["step_s"]
+    assert run["ratio_itde_over_torch"] == pytest.approx(s["itde"] / s["torch"])
+    assert run["tokens_per_s"]["itde"] == pytest.approx(4 * 16 / s["itde"])
+    assert r["optim"]["b2"] == 0.99 and r["optim"]["weight_decay"] == 0.1

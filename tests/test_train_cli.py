@@ -72,7 +72,7 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     for r in results.values():
         assert 0 < r["eval_rel_l2"] < 10
     assert main(["sample", "--checkpoint", str(out)]) == 2
-    assert "needs a checkpoint of a text task (charlm)" in capsys.readouterr().err
+    assert "needs a checkpoint of a text task (charlm, textlm)" in capsys.readouterr().err
     assert main(["eval", "--checkpoint", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
     for r in results.values():

@@ -114,7 +114,7 @@ def test_choices_come_from_the_registries():
         assert from_dict(TrainExperiment, {"model": {"ffn_form": name}}).model.ffn_form == name
     for name in SCHEMES:
         assert from_dict(TrainExperiment, {"model": {"scheme": name}}).model.scheme == name
-    assert sorted(TASKS) == ["burgers", "charlm", "sort"]
+    assert sorted(TASKS) == ["burgers", "charlm", "sort", "textlm"]
     for name, cls in TASKS.items():
         cfg = from_dict(TrainExperiment, {"task": {"name": name}}).task
         assert cls.name == name and cfg.options() == cls.options

@@ -142,11 +142,13 @@ def cmd_sample(args) -> int:
     run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(
-            f"`itde sample` needs a checkpoint of a text task (charlm); {args.checkpoint!r} "
+            f"`itde sample` needs a checkpoint of a text task (charlm, textlm); "
+            f"{args.checkpoint!r} "
             f"was trained on task {run.task.name!r}."
         )
     stream = tr.sample_stream(model, run.task.itos, args.prompt, args.length,
-                              temperature=args.temperature, seed=args.seed)  # fmt: skip
+                              temperature=args.temperature, seed=args.seed,
+                              encode=getattr(run.task, "encode", None))  # fmt: skip
     written = 0
     try:
         first = next(stream, "")  # checks the arguments before anything is printed

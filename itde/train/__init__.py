@@ -2,18 +2,18 @@
 `itde sample` as a library.
 
 - Configs: [`TrainExperiment`][] with its tables [`TaskConfig`][], [`ModelConfig`][],
-  [`OptimConfig`][], [`RunConfig`][], [`ParallelConfig`][]; [`load_config`][] (TOML) and
-  [`from_dict`][], `to_dict`; errors are [`ConfigError`][].
-- Tasks: [`TASKS`][] (`"sort"`, `"burgers"`, `"charlm"`) of [`AbstractTask`][]s — the data,
-  model, loss and metrics of each.
+  [`OptimConfig`][], [`RunConfig`][], [`ParallelConfig`][], [`ContinuityConfig`][];
+  [`load_config`][] (TOML) and [`from_dict`][], `to_dict`; errors are [`ConfigError`][].
+- Tasks: [`TASKS`][] (`"sort"`, `"burgers"`, `"charlm"`, `"textlm"`) of
+  [`AbstractTask`][]s — the data, model, loss and metrics of each.
 - Models: [`TokenModel`][], [`FieldModel`][], [`build_model`][], [`with_depth`][],
   [`predict`][], [`loss_fn`][].
 - Training: [`train`][] (a [`TrainResult`][]), [`Run`][], [`make_step`][], [`make_optimizer`][],
   [`evaluate`][]; the layout over devices [`make_mesh`][], [`fsdp_spec`][], [`place`][];
   checkpoints [`save_checkpoint`][], [`load_checkpoint`][], [`read_checkpoint_meta`][],
-  [`CheckpointError`][].
+  [`CheckpointError`][]; continuity terms [`DepthRegularisation`][].
 - A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
-- Sampling: [`sample`][] and [`sample_stream`][] (causal character models).
+- Sampling: [`sample`][] and [`sample_stream`][] (causal text models: charlm, textlm).
 """
 
 from ._checkpoint import CheckpointError
@@ -51,7 +51,7 @@ from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec
 from ._task import AbstractTask
-from ._tasks import TASKS, Burgers, CharLM, Sort, build_model
+from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -72,6 +72,7 @@ __all__ = [
     "RunConfig",
     "Sort",
     "TaskConfig",
+    "TextLM",
     "TokenModel",
     "TrainExperiment",
     "build_model",

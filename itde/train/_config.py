@@ -61,7 +61,9 @@ class TaskConfig:
       `amplitude`, `oversample` as in `itde.data.BurgersTask`) or `"charlm"`
       (next-character prediction on `text_path`, empty = the built-in tiny text; a
       relative path in a config file is read from the file's folder; windows
-      of `context` characters, the last `val_fraction` held out).
+      of `context` characters, the last `val_fraction` held out) or `"textlm"` (the same
+      on a file or folder of any size, `text_glob`, `tokenizer` = `"char"` or `"bpe"`,
+      `vocab_size`, `cache_dir`: see [`TextLM`][itde.train.TextLM]).
     - `eval_size`: held-out examples per evaluation (rounded up to whole batches).
 
     Every task-specific key defaults to `None` and is filled with the task's default
@@ -81,10 +83,15 @@ class TaskConfig:
     decay: float | None = None
     amplitude: float | None = None
     oversample: int | None = None
-    # charlm
+    # charlm, textlm
     text_path: str | None = None
     context: int | None = None
     val_fraction: float | None = None
+    # textlm
+    text_glob: str | None = None
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    cache_dir: str | None = None
 
     def __post_init__(self):
         from ._tasks import TASKS
@@ -418,12 +425,14 @@ def load_config(cls: type, path: str | Path):
 
 
 def _relative_to(cfg: TrainExperiment, folder: Path) -> TrainExperiment:
-    """A config file's relative paths (`task.text_path`) read from the file's folder, not
-    the working directory: the same file works from anywhere."""
-    text = cfg.task.text_path
-    if text and not Path(text).is_absolute():
-        task = dataclasses.replace(cfg.task, text_path=str(folder / text))
-        cfg = dataclasses.replace(cfg, task=task)
+    """A config file's relative paths (`task.text_path`, `task.cache_dir`) read from the
+    file's folder, not the working directory: the same file works from anywhere. A
+    `"package:..."` path names a place in an installed package and is kept as it is."""
+    for key in ("text_path", "cache_dir"):
+        text = getattr(cfg.task, key)
+        if text and not Path(text).is_absolute() and not text.startswith("package:"):
+            task = dataclasses.replace(cfg.task, **{key: str(folder / text)})
+            cfg = dataclasses.replace(cfg, task=task)
     return cfg
 
 

@@ -45,7 +45,7 @@ def _draw(model, window, filled, key, temperature, start, n, chunk: int):
     return jax.lax.fori_loop(0, n, body, (window, filled, out))
 
 
-def _check(model, itos, prompt, length, temperature, seed) -> dict[str, int]:
+def _check(model, itos, prompt, length, temperature, seed, encode=None) -> dict[str, int]:
     if not model.ide.causal:
         raise ValueError("sampling needs a causal model (trained on task 'charlm').")
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
@@ -58,7 +58,8 @@ def _check(model, itos, prompt, length, temperature, seed) -> dict[str, int]:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"`--seed`={seed!r} must be an integer in [0, {SEED_MAX}].")
     stoi = {c: i for i, c in enumerate(itos)}
-    missing = sorted(set(prompt) - stoi.keys())
+    singles = stoi.keys() if encode is None else {t for t in itos if len(t) == 1}
+    missing = sorted(set(prompt) - singles)
     if missing:
         raise ValueError(
             f"the prompt has characters outside the model's vocabulary: {''.join(missing)!r}"
@@ -68,18 +69,20 @@ def _check(model, itos, prompt, length, temperature, seed) -> dict[str, int]:
 
 def sample_stream(
     model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0,
-    chunk: int = 256,
+    chunk: int = 256, encode=None,
 ) -> Iterator[str]:  # fmt: skip
-    """The `length` characters drawn after `prompt`, yielded in pieces of at most `chunk`
-    characters as they are generated (the prompt itself is not yielded).
+    """The `length` tokens drawn after `prompt`, yielded as text in pieces of at most
+    `chunk` tokens as they are generated (the prompt itself is not yielded).
 
-    Arguments as in [`sample`][itde.train.sample]; `chunk` is the number of characters
-    drawn by one call of the compiled generation loop."""
-    stoi = _check(model, itos, prompt, length, temperature, seed)
+    Arguments as in [`sample`][itde.train.sample]; `chunk` is the number of tokens drawn by
+    one call of the compiled generation loop; `encode`: text -> token ids, for a vocabulary
+    of tokens longer than one character (e.g. `TextLM.encode` of a BPE task; default: one
+    token per character of `itos`)."""
+    stoi = _check(model, itos, prompt, length, temperature, seed, encode)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"`chunk`={chunk!r} must be a positive integer.")
     start = prompt or ("\n" if "\n" in stoi else itos[0])
-    ids = [stoi[c] for c in start]
+    ids = [stoi[c] for c in start] if encode is None else list(encode(start))
     context = model.position.shape[0]
     tail = ids[-context:]
     window = np.zeros((context,), np.int32)
@@ -99,7 +102,10 @@ def sample_stream(
         done += n
 
 
-def sample(model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0):
+def sample(
+    model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0,
+    encode=None,
+):  # fmt: skip
     """`prompt` followed by `length` characters drawn from the model.
 
     **Arguments:**
@@ -112,9 +118,13 @@ def sample(model, itos, prompt: str, length: int, *, temperature: float = 1.0, s
     - `length`: number of characters to generate, >= 0.
     - `temperature`: softmax temperature; 0 = greedy.
     - `seed`: the sampling seed, an integer in $[0, 2^{32} - 1]$.
+    - `encode`: text -> token ids where tokens are longer than one character (a BPE
+      vocabulary: `TextLM.encode`); `length` then counts tokens.
 
     **Returns:** the text, `prompt + generated`.
     """
     return prompt + "".join(
-        sample_stream(model, itos, prompt, length, temperature=temperature, seed=seed)
+        sample_stream(
+            model, itos, prompt, length, temperature=temperature, seed=seed, encode=encode
+        )
     )

@@ -1,4 +1,5 @@
-"""The tasks of `itde train` — `sort`, `burgers`, `charlm` — and their registry `TASKS`."""
+"""The tasks of `itde train` — `sort`, `burgers`, `charlm`, `textlm` — and their registry
+`TASKS`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relativ
 from ..data._sort import accuracy
 from ._model import cross_entropy, init_field_model, init_token_model
 from ._task import AbstractTask
+from ._textlm import TextLM
 
 _MAX_DAMPING = 11.5  # exp(-11.5) ~ 1e-5
 _MAX_DATA_STEPS = 100_000
@@ -265,7 +267,7 @@ class CharLM(AbstractTask):
 
 
 #: The tasks of `itde train`: `task.name` -> task class.
-TASKS: dict[str, type[AbstractTask]] = {cls.name: cls for cls in (Sort, Burgers, CharLM)}
+TASKS: dict[str, type[AbstractTask]] = {c.name: c for c in (Sort, Burgers, CharLM, TextLM)}
 
 
 def build_model(cfg, key: PRNGKeyArray, *, task=None, dtype=jnp.float32):
