@@ -185,13 +185,7 @@ class TransformerIDE(AbstractEquation):
                     "a position `score_bias` needs a 1-D token rule (e.g. Midpoint()); this "
                     f"grid's token domain is {type(self.grid.tokens).__name__}."
                 )
-            heads = getattr(self.controls.blocks.attention, "n_heads", None)
-            if heads is not None and self.score_bias.n_heads not in (1, heads):
-                raise ValueError(
-                    f"`score_bias` has values for {self.score_bias.n_heads} heads but the "
-                    f"attention has {heads}; give a bias with {heads} heads (e.g. "
-                    f"ALiBi.init({heads}))."
-                )
+            self._check_score_bias_heads()
         if self.rope is not None:
             if not isinstance(self.rope, Rope):
                 raise TypeError(f"`rope` must be an itde.Rope or None, got {self.rope!r}.")
@@ -364,6 +358,22 @@ class TransformerIDE(AbstractEquation):
             return None
         x, _ = self.grid.tokens.nodes_weights(u.shape[0])
         return self.window.on_nodes(x)
+
+    def _check_score_bias_heads(self) -> None:
+        heads = getattr(self.controls.blocks.attention, "n_heads", None)
+        if self.score_bias is not None and heads is not None:
+            if self.score_bias.n_heads not in (1, heads):
+                raise ValueError(
+                    f"`score_bias` has values for {self.score_bias.n_heads} heads but the "
+                    f"attention has {heads}; give a bias with {heads} heads (e.g. "
+                    f"ALiBi.init({heads}))."
+                )
+
+    def check_state(self, u0, name: str = "u0") -> None:
+        """Trace-time check of one state `[tokens, features]`, and of the score bias's head
+        count again (a bias swapped in with `eqx.tree_at` skips `__check_init__`)."""
+        super().check_state(u0, name)
+        self._check_score_bias_heads()
 
     def _score_bias(self, u):
         if self.score_bias is None:

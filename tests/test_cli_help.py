@@ -12,7 +12,7 @@ import pytest
 import itde
 from itde.cli._main import build_parser
 
-COMMANDS = ("solve", "converge", "train", "eval", "sample")
+COMMANDS = ("solve", "converge", "analyze", "train", "eval", "sample")
 
 
 def _subparsers(parser):

@@ -126,6 +126,20 @@ def test_pages_have_titles_and_equation_markup(site):
     assert 'href="../quadrature/#itde.Grid"' in api  # [`Grid`][itde.Grid], another page
 
 
+def test_no_page_shows_a_dollar_of_unrendered_mathematics(site):
+    """Every `$...$` and `$$...$$` of the docs and docstrings became MathML: no `$` is left
+    in a page's text (outside code). Arithmatex leaves `$u = $` (a space before the closing
+    dollar) and a `$$...$$` inside a paragraph as raw text; both were on pages."""
+    stray = []
+    for page in sorted(site.rglob("*.html")):
+        text = re.sub(r"<(pre|code|script|style|math)\b.*?</\1>", "", page.read_text("utf-8"),
+                      flags=re.S)  # fmt: skip
+        text = html.unescape(re.sub(r"<[^>]+>", " ", text))
+        stray += [f"{page.relative_to(site)}: ...{m.group(0)}..."
+                  for m in re.finditer(r".{0,30}\$.{0,30}", text)]  # fmt: skip
+    assert not stray, "unrendered mathematics:\n" + "\n".join(stray)
+
+
 def test_cli_page_lists_every_command_option_and_file(site):
     """The command-line page is generated from the parser: every command, every option of
     each, and every file a command says it writes appear on it."""

@@ -157,3 +157,20 @@ def test_nan_input_under_jit_of_vmap_is_named_in_both_jits():
     with pytest.raises(eqx.EquinoxRuntimeError, match=said):
         jax.block_until_ready(eqx.filter_jit(jax.vmap(f))(x))
     assert "jax.jit" in itde.solve.__doc__ and "CpuCallback" in itde.solve.__doc__
+
+
+def test_solve_returns_the_state_before_the_final_norm_as_documented():
+    """`itde.solve` is the equation's state; the model's `final_norm` is applied by calling
+    the model (GPT-2's `ln_f` was 3.09 away from `last_hidden_state` with no word of it):
+    the docstring and the README say so, and it is so."""
+    from pathlib import Path
+
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=8, n_heads=2,
+                                 block=itde.PreNorm(), final_norm=True)  # fmt: skip
+    u = jax.random.normal(jax.random.key(1), (5, 8))
+    state = itde.solve(m, u).ys[-1]
+    assert jnp.max(jnp.abs(m(u) - m.final_norm(state))) < 1e-5
+    assert jnp.max(jnp.abs(m(u) - state)) > 0.1  # the norm is not a no-op here
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    said = "model(u0) == model.final_norm(itde.solve(model, u0).ys[-1])"
+    assert said in readme and "`final_norm`" in itde.solve.__doc__

@@ -253,3 +253,22 @@ def test_save_times_outside_the_depth_interval_are_named_before_the_solve():
         itde.solve(m, u, saveat=diffrax.SaveAt(ts=[0.0, 1.0, 2.5]))
     ys = itde.solve(m, u, saveat=diffrax.SaveAt(ts=[0.0, 1.0, 2.0])).ys
     np.testing.assert_allclose(ys[-1], m(u), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("layer", "said"),
+    [
+        ({"dim_feedforward": 64}, r"layer 1 differs from layer 0 at `feedforward.w1` \(shape"),
+        ({"activation": "gelu"}, r"layer 1 differs from layer 0 at `feedforward.activation`"),
+    ],
+)
+def test_from_torch_names_the_layer_and_field_of_a_mixed_encoder(layer, said):
+    """An encoder whose layers differ (a later `dim_feedforward` or activation) used to list
+    twenty shapes: `from_torch` names the layer and the field."""
+    import torch
+
+    args = {"d_model": 16, "nhead": 2, "dim_feedforward": 32, "batch_first": True}
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(**args), 2)
+    enc.layers[1] = torch.nn.TransformerEncoderLayer(**{**args, **layer})
+    with pytest.raises(ValueError, match=said):
+        itde.from_torch(enc)

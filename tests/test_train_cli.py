@@ -68,7 +68,8 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     assert "`--size`=100000000000 held-out examples" in capsys.readouterr().err
     assert main(["eval", "--checkpoint", str(out), "--grid", "100000"]) == 2
     said = capsys.readouterr().err
-    assert "n_grid * oversample = 400000" in said and "data solver" in said, said
+    assert "`--grid`=100000 makes the Burgers data solver take" in said, said
+    assert "on its 400000 points" in said and "Use `--grid` <=" in said, said
     for r in results.values():
         assert 0 < r["eval_rel_l2"] < 10
     assert main(["sample", "--checkpoint", str(out)]) == 2
@@ -164,6 +165,14 @@ def test_sampling_temperature_must_be_finite_and_non_negative(t):
     causal = SimpleNamespace(ide=SimpleNamespace(causal=True))
     with pytest.raises(ValueError, match=r"`--temperature`=.* must be a finite number >= 0"):
         _check(causal, "ab", "a", 3, t, 0)
+
+
+def test_sample_command_refuses_a_bad_temperature_before_reading(tmp_path, capsys):
+    """`itde sample --temperature inf`: one line naming the flag, before the checkpoint
+    (here none) is read."""
+    for t in ("inf", "nan", "-1"):
+        assert main(["sample", "--checkpoint", str(tmp_path / "none"), "--temperature", t]) == 2
+        assert "`--temperature`=" in capsys.readouterr().err
 
 
 def test_train_out_under_a_file_or_unwritable_is_named_before_any_work(tmp_path, capsys):

@@ -192,6 +192,12 @@ def test_every_score_bias_is_an_abstract_score_bias_with_its_head_count_checked(
         dataclasses.replace(m, score_bias=itde.ALiBi.init(3))
     with pytest.raises(ValueError, match="DiscreteBias for 5 tokens.*has 4"):
         dataclasses.replace(m, score_bias=d)(jnp.ones((4, 8)) * jnp.arange(8.0))
+    # swapped in with eqx.tree_at (no __check_init__): named when the model is called
+    swapped = eqx.tree_at(lambda e: e.score_bias, m, itde.ALiBi.init(3),
+                          is_leaf=lambda x: x is None)  # fmt: skip
+    for call in (swapped, lambda u: itde.solve(swapped, u)):
+        with pytest.raises(ValueError, match="3 heads but the attention has 2"):
+            call(jnp.ones((4, 8)))
 
 
 # ------------------------------------------------------------------ parameter roles

@@ -33,9 +33,13 @@ class Attention(AbstractAttention):
     For head $m$, query, key and value are integral transforms over the feature domain,
     $Q_m(x,\cdot) = \int_{\Omega_y} W^Q_m(\xi,\cdot)\,u(x,\xi)\,d\xi$ (likewise $K_m$,
     $V_m$), and
-    $$A(u)(x,y)=\sum_m \frac{\int_{\Omega_x} e^{s_m(x,\tilde x)}\,\tilde V_m(\tilde x,y)\,d\tilde x}
+
+    $$
+    A(u)(x,y)=\sum_m \frac{\int_{\Omega_x} e^{s_m(x,\tilde x)}\,\tilde V_m(\tilde x,y)\,d\tilde x}
       {\int_{\Omega_x} e^{s_m(x,\eta)}\,d\eta},\qquad
-      s_m = \frac{\langle Q_m(x,\cdot), K_m(\tilde x,\cdot)\rangle_{\Omega_h}}{\sqrt{|\Omega_h|}},$$
+      s_m = \frac{\langle Q_m(x,\cdot), K_m(\tilde x,\cdot)\rangle_{\Omega_h}}{\sqrt{|\Omega_h|}},
+    $$
+
     where $\tilde V_m(\tilde x, y) = \int_{\Omega_h} W^O_m(\eta, y) V_m(\tilde x,\eta)\,d\eta$ is
     the value with the head's output block absorbed (stored factored, $W^V_m$ then
     $W^O_m$, which is the same operator at lower cost). Token quadrature weights $w_p$

@@ -146,7 +146,11 @@ class FeedForward(_AbstractDiscreteFeedForward):
 
 class GatedFeedForward(_AbstractDiscreteFeedForward):
     r"""The gated feed-forward operator (GLU family: SwiGLU with `silu`, GeGLU with `gelu`):
-    $$F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\big(G(x,z)\big)\,H(x,z)\,dz + b_2(y),$$
+
+    $$
+    F(u)(x,y) = \int_{\Omega_z} W_2(z,y)\,\rho\big(G(x,z)\big)\,H(x,z)\,dz + b_2(y),
+    $$
+
     $G = \int_{\Omega_y} W_g(\xi,z)\,u(x,\xi)\,d\xi + b_g(z)$ and
     $H = \int_{\Omega_y} W_1(\xi,z)\,u(x,\xi)\,d\xi + b_1(z)$: a pointwise product of an
     activated gate and a linear transform, both integral operators over the feature domain.

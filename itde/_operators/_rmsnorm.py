@@ -18,7 +18,11 @@ class RMSNormProjection(AbstractNorm):
 
     **Closest point.** For $v \ne 0$ the nearest point of the sphere to $v$ in the feature
     inner product $\langle a, b\rangle = \frac{1}{|\Omega_y|}\int_{\Omega_y} a b\,dy$ is
-    $$P(v) = \sigma\,\frac{v}{\sqrt{\mathrm{mean}_y v^2}}.$$
+
+    $$
+    P(v) = \sigma\,\frac{v}{\sqrt{\mathrm{mean}_y v^2}}.
+    $$
+
     Proof: every $u$ on the sphere has $\|u\| = \sigma$, so
     $\|u - v\|^2 = \sigma^2 + \|v\|^2 - 2\langle u, v\rangle$, and by Cauchy–Schwarz
     $\langle u, v\rangle \le \sigma\|v\|$ with equality only for $u = \sigma v/\|v\|$

@@ -206,7 +206,7 @@ class FlowMap(eqx.Module):
         return key_mask(mask, u.shape[0])
 
     def solve(self, u, mask=None, adjoint: diffrax.AbstractAdjoint | None = None):
-        """$u(t)$ from $u(s) = $ `u`, with a chosen diffrax `adjoint` (`ForwardMode()` for
+        """$u(t)$ from $u(s) =$ `u`, with a chosen diffrax `adjoint` (`ForwardMode()` for
         forward-mode derivatives; default: reverse mode)."""
         terms = self.kind if self.split is None else self.split
         sol = solve(

@@ -89,7 +89,7 @@ def lyapunov_spectrum(
     r"""The $k$ leading singular values of the flow's Jacobian for the whole state, and the
     finite-time Lyapunov exponents.
 
-    **Definition.** With $J = \partial u(t)/\partial u(s)$ at $u(s) = $ `u` (an
+    **Definition.** With $J = \partial u(t)/\partial u(s)$ at $u(s) =$ `u` (an
     $n \times n$ matrix, $n$ = tokens × features), $\sigma_1 \ge \sigma_2 \ge \dots$ its
     singular values, the finite-time Lyapunov exponents are
     $\lambda_i = \log \sigma_i / (t - s)$: a perturbation along the right singular vector

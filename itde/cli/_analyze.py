@@ -172,10 +172,10 @@ def add_analyze(sub) -> None:
         ),
     )
     p.add_argument("--checkpoint", metavar="DIR", help="analyze the model of this training "
-                   "checkpoint (from `itde train`)")  # fmt: skip
+                   "checkpoint (from `itde train`) (default: none)")  # fmt: skip
     p.add_argument("--hf", metavar="DIR", help="analyze the Hugging Face model in this "
                    "local directory (config.json, weights, tokenizer; nothing is "
-                   "downloaded)")  # fmt: skip
+                   "downloaded) (default: none)")  # fmt: skip
     p.add_argument("--config", metavar="FILE", help="a TOML solve config ([model], [grid], "
                    "[solve]) whose random model to analyze (default: the built-in values, "
                    "those of configs/solve.toml)")  # fmt: skip

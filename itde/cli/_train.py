@@ -139,6 +139,13 @@ def cmd_sample(args) -> int:
         raise ValueError(f"`--seed`={args.seed} must be an integer in [0, {SEED_MAX}]")
     if args.length < 0:
         raise ValueError(f"`--length`={args.length} must be a non-negative number of characters")
+    import math
+
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(  # said before the checkpoint is read, as the sampler would say it
+            f"`--temperature`={args.temperature!r} must be a finite number >= 0 (0 = greedy, "
+            "1 = the model's own distribution)."
+        )
     run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(

@@ -82,7 +82,7 @@ def check_depth(ide: TransformerIDE, scheme: str, dt: float, *, name: str = "dt"
 
 
 def integrate(ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = False):
-    """$u(T)$ from $u(0) = $ `u0` with the named depth scheme and fixed step `dt`.
+    """$u(T)$ from $u(0) =$ `u0` with the named depth scheme and fixed step `dt`.
 
     Reverse mode differentiates the discrete scheme exactly (discretise-then-optimise)
     through `itde.solve`'s default adjoint, `diffrax.RecursiveCheckpointAdjoint` (with one

@@ -149,7 +149,19 @@ class Burgers(AbstractTask):
 
     def on_grid(self, n_grid: int, *, name: str = "n_grid"):
         n_grid = _check_grid(n_grid, name, self.config.n_modes)
-        return Burgers(dataclasses.replace(self.config, n_grid=n_grid))
+        c = self.config
+        k_max = (c.oversample * n_grid - 1) // 3
+        steps = math.ceil(c.t_final * c.amplitude * k_max / 0.5)
+        if steps > _MAX_DATA_STEPS:  # named by the argument that asked for the grid
+            most = int(3 * _MAX_DATA_STEPS * 0.5 / (c.t_final * c.amplitude) / c.oversample)
+            raise ValueError(
+                f"`{name}`={n_grid} makes the Burgers data solver take {steps:.3g} time steps "
+                f"per example on its {n_grid * c.oversample} points (advective limit, with "
+                f"task.amplitude={c.amplitude:g}, task.t_final={c.t_final:g}), more than "
+                f"{_MAX_DATA_STEPS:.0e}: generating the data would not end. Use `{name}` <= "
+                f"{most - most % 2}."
+            )
+        return Burgers(dataclasses.replace(c, n_grid=n_grid))
 
     def train_batch(self, key, n):
         x, y = self.data.sample(key, n, dtype=jnp.float32)  # solved in float32, as trained
