@@ -56,9 +56,10 @@ class TaskConfig:
     """What is learnt (the `[task]` table).
 
     - `name`: a key of [`TASKS`][itde.train.TASKS]: `"sort"` (sort `length` digits from
-      `{0..vocab-1}`, `vocab` the number of distinct digits), `"burgers"` (the solution operator $u_0 \\mapsto u(t_f)$ of
-      periodic viscous Burgers on `n_grid` points; `nu`, `t_final`, `n_modes`, `decay`,
-      `amplitude`, `oversample` as in `itde.data.BurgersTask`) or `"charlm"`
+      `{0..vocab-1}`, `vocab` the number of distinct digits), `"burgers"` (the solution
+      operator $u_0 \\mapsto u(t_f)$ of periodic viscous Burgers on `n_grid` points;
+      `nu`, `t_final`, `n_modes`, `decay`, `amplitude`, `oversample` as in
+      `itde.data.BurgersTask`) or `"charlm"`
       (next-character prediction on `text_path`, empty = the built-in tiny text; a
       relative path in a config file is read from the file's folder; windows
       of `context` characters, the last `val_fraction` held out) or `"textlm"` (the same
