@@ -94,3 +94,19 @@ def test_nanogpt_benchmark_tiny_trains_both_on_the_same_stream(tmp_path):
     assert run["ratio_itde_over_torch"] == pytest.approx(s["itde"] / s["torch"])
     assert run["tokens_per_s"]["itde"] == pytest.approx(4 * 16 / s["itde"])
     assert r["optim"]["b2"] == 0.99 and r["optim"]["weight_decay"] == 0.1
+
+
+@pytest.mark.slow
+def test_continuity_benchmark_tiny_writes_its_table(tmp_path):
+    """`benchmarks/continuity.py --tiny`: the four option sets, each trained and measured
+    (about a minute: four training compilations)."""
+    script = ROOT / "benchmarks" / "continuity.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "solvers")]))
+    proc = subprocess.run([sys.executable, str(script), "--tiny", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    r = json.loads((tmp_path / "continuity.json").read_text())
+    assert [row["option"] for row in r["rows"]] == ["none", "consistency", "transport", "both"]
+    for row in r["rows"]:
+        assert 0 <= row["distance_dt_over_8"] < 1 and row["transport"] > 0
+    assert "| option | seq. accuracy" in proc.stdout and "say nothing" in proc.stdout

@@ -80,7 +80,7 @@ def test_objective_is_the_loss_plus_both_terms(problem):
     transport = _transport(model, x)
     assert consistency > 1e-12 and transport > 0.1  # both terms are there to be seen
     # (a smooth initialisation is close to its limit: consistency ~1e-9, so weighed up)
-    for mu, lam in ((0.0, 0.0), (3e4, 0.0), (0.0, 0.2), (3e4, 0.2)):
+    for mu, lam in ((3e4, 0.0), (0.0, 0.2)):  # each term alone (their sum is linear)
         got = float(regularised_loss(model, (x, y), run.task, None, DepthRegularisation(mu, lam)))
         want = mu * consistency + lam * transport
         assert got - base == pytest.approx(want, rel=1e-7, abs=1e-13)
@@ -96,8 +96,11 @@ def test_logged_distance_is_that_of_the_refined_outputs(problem):
     assert m["eval_transport"] == pytest.approx(_transport(model, x), rel=1e-9)
 
 
-def test_training_with_both_terms_logs_the_distance(tmp_path):
-    table = {**TABLE, "continuity": {"consistency": 1.0, "transport": 0.1, "refine": 4}}
+def test_training_with_a_term_logs_the_distance(tmp_path):
+    """The step `train` runs carries the run's terms (the transport cost here: the cheaper
+    compile; the terms themselves are checked above) and every evaluation logs the
+    distance."""
+    table = {**TABLE, "continuity": {"transport": 0.1, "refine": 4}}
     cfg = from_dict(TrainExperiment, table)
     r = train(cfg, out=tmp_path / "run")
     rows = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
