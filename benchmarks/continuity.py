@@ -9,7 +9,7 @@ held-out accuracy, the relative distance of the held-out logits to those at dt/8
 of the trained flow, and the seconds per training step (the last third of the run, compiled)
 as a ratio to the run without options (measured in the same process, one after the other).
 
-    python benchmarks/continuity.py                 # 4 runs of --steps 600 (see README)
+    python benchmarks/continuity.py --steps 1500 --seeds 0 1 2   # the README's table
     python benchmarks/continuity.py --tiny          # seconds: the shape of the table
 
 Writes `continuity.json` and prints a markdown table (`--out`, default
@@ -46,7 +46,7 @@ OPTIONS = {
 }
 
 
-def config(steps: int, tiny: bool, continuity: dict) -> TrainExperiment:
+def config(steps: int, tiny: bool, continuity: dict, seed: int = 0) -> TrainExperiment:
     width = 8 if tiny else 32
     table = {
         "task": {"name": "sort", "length": 5 if tiny else 8, "vocab": 6 if tiny else 10,
@@ -55,7 +55,7 @@ def config(steps: int, tiny: bool, continuity: dict) -> TrainExperiment:
                   "n_hidden": 2 * width, "activation": "gelu", "scheme": "rk4", "dt": 1.0,
                   "n_modes": 3, "eps": 0.0},
         "optim": {"lr": 3e-3, "warmup": min(100, steps // 4), "steps": steps,
-                  "batch_size": 8 if tiny else 64, "seed": 0},
+                  "batch_size": 8 if tiny else 64, "seed": seed},
         "run": {"log_every": max(1, steps // 3), "eval_every": steps, "checkpoint_every": steps,
                 "progress": False},
         "continuity": {"refine": 8, **continuity},
@@ -65,7 +65,7 @@ def config(steps: int, tiny: bool, continuity: dict) -> TrainExperiment:
 
 def measure(name: str, cfg: TrainExperiment, out: Path) -> dict:
     t0 = time.perf_counter()
-    r = train(cfg, out=out / name, overwrite=True)
+    r = train(cfg, out=out / f"{name}-seed{cfg.optim.seed}", overwrite=True)
     wall = time.perf_counter() - t0
     run = Run(cfg)
     x = jnp.concatenate([c[0] for c in run.eval_chunks()])
@@ -75,8 +75,11 @@ def measure(name: str, cfg: TrainExperiment, out: Path) -> dict:
     m = continuity_metrics(model, x, 8)
     return {
         "option": name,
-        "continuity": {"consistency": cfg.continuity.consistency,
-                       "transport": cfg.continuity.transport},  # fmt: skip
+        "seed": cfg.optim.seed,
+        "continuity": {
+            "consistency": cfg.continuity.consistency,
+            "transport": cfg.continuity.transport,
+        },  # fmt: skip
         "eval_seq_acc": r.metrics["eval_seq_acc"],
         "eval_token_acc": r.metrics["eval_token_acc"],
         "distance_dt_over_8": m["eval_continuum_distance"],
@@ -89,17 +92,29 @@ def measure(name: str, cfg: TrainExperiment, out: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    base = rows[0]["s_per_step"]
+    """Per option: the mean over seeds (and the range, with more than one seed)."""
+    names = list(dict.fromkeys(r["option"] for r in rows))
+    by = {n: [r for r in rows if r["option"] == n] for n in names}
+    base = np.mean([r["s_per_step"] for r in by[names[0]]])
+
+    def cell(rs, key, fmt):
+        v = np.asarray([r[key] for r in rs], dtype=float)
+        if len(v) == 1:
+            return format(v[0], fmt)
+        return f"{format(v.mean(), fmt)} [{format(v.min(), fmt)}, {format(v.max(), fmt)}]"
+
     lines = [
-        "| option | seq. accuracy | token accuracy | distance to dt/8 | distance to dt/256 "
-        "| transport | time/step vs none |",
-        "|---|---|---|---|---|---|---|",
+        "| option | seq. accuracy | distance to dt/8 | distance to dt/256 | transport "
+        "| time/step vs none |",
+        "|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for n in names:
+        rs = by[n]
+        ratio = np.mean([r["s_per_step"] for r in rs]) / base
         lines.append(
-            f"| {r['option']} | {r['eval_seq_acc']:.3f} | {r['eval_token_acc']:.3f} | "
-            f"{r['distance_dt_over_8']:.3g} | {r['distance_dt_over_256']:.3g} | "
-            f"{r['transport']:.3g} | {r['s_per_step'] / base:.2f} |"
+            f"| {n} | {cell(rs, 'eval_seq_acc', '.3f')} | {cell(rs, 'distance_dt_over_8', '.3g')} "
+            f"| {cell(rs, 'distance_dt_over_256', '.3g')} | {cell(rs, 'transport', '.3g')} "
+            f"| {ratio:.2f} |"
         )
     return "\n".join(lines)
 
@@ -107,6 +122,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=600, help="training steps per run (default 600)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long run of the same shape")
     p.add_argument("--out", default="runs/bench_continuity", help="output directory")
     args = p.parse_args(argv)
@@ -116,11 +132,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, options in OPTIONS.items():
-        rows.append(measure(name, config(steps, args.tiny, options), out))
-        print(f"{name}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'continuity'})}")
-        sys.stdout.flush()
-    result = {"steps": steps, "tiny": args.tiny, "jax": jax.__version__, "rows": rows}
+    for seed in args.seeds:
+        for name, options in OPTIONS.items():
+            rows.append(measure(name, config(steps, args.tiny, options, seed), out))
+            shown = {k: v for k, v in rows[-1].items() if k != "continuity"}
+            print(f"{name}, seed {seed}: {json.dumps(shown)}")
+            sys.stdout.flush()
+    result = {"steps": steps, "seeds": args.seeds, "tiny": args.tiny, "jax": jax.__version__,
+              "rows": rows}  # fmt: skip
     (out / "continuity.json").write_text(json.dumps(result, indent=1))
     print(table(rows))
     if args.tiny:
