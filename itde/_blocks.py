@@ -193,11 +193,14 @@ BLOCK_FORMS: dict[str, type[AbstractBlockForm]] = {
     "pre_norm": PreNorm,
     "parallel": Parallel,
 }
+"""Block forms by name, for configs, the CLI and `TransformerIDE.init(block=...)`."""
 
 
 #: The post-norm feed-forward forms by name, for configs (`ffn_form = "relaxation"`):
 #: the value is `PostNorm`'s `relaxation`.
 FFN_FORMS: dict[str, bool] = {"residual": False, "relaxation": True}
+"""The post-norm feed-forward forms by name, for configs (`ffn_form = "relaxation"`): the value
+is `PostNorm`'s `relaxation`."""
 
 
 def block_from_names(block: str, ffn_form: str = "residual") -> AbstractBlockForm:

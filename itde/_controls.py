@@ -29,6 +29,7 @@ NORMS: dict[str, type[AbstractNorm]] = {
     "layer": LayerNormProjection,
     "rms": RMSNormProjection,
 }
+"""The normalisations by name, for configs, the CLI and `Block.init(norm=...)`."""
 
 
 def as_norm_class(norm) -> type[AbstractNorm]:

@@ -61,6 +61,8 @@ SCHEMES: dict[str, Scheme] = {
     "dopri5": Scheme(lambda: solvers.Projected(diffrax.Dopri5()), 5, "projected Dopri5"),
     "dopri8": Scheme(lambda: solvers.Projected(diffrax.Dopri8()), 8, "projected Dopri8"),
 }
+"""The depth integrators by name, for configs and the CLI (`scheme = "rk4"`): name -> `Scheme`
+(how to make the solver, which terms it integrates, its expected order)."""
 
 __all__ = [
     "ACTIVATIONS",

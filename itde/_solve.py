@@ -27,6 +27,7 @@ MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solv
 
 #: The kinds of terms an equation gives a solver (see `TransformerIDE.terms`).
 TERMS_KINDS: tuple[str, ...] = ("paper", "split", "tangent")
+"""The kinds of terms an equation gives a solver (see `TransformerIDE.terms`)."""
 
 
 class DepthStepWarning(UserWarning):

@@ -27,3 +27,18 @@ def pytest_configure(config):
             "torch is not installed, but it is a test dependency (the PyTorch reference of "
             'the equivalence tests): install it with `pip install -e ".[test,torch]"`.'
         )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """At the end of a worker's session, drop JAX's garbage-collection callback.
+
+    pytest-xdist ends a worker through execnet, which interrupts the worker's main thread
+    (`_thread.interrupt_main`) if it is still busy. When that `KeyboardInterrupt` arrives
+    while Python runs a gc callback, here JAX's `_xla_gc_callback` (it frees device buffers
+    after each collection), Python reports it as an exception "ignored in" the callback and
+    pytest prints a `PytestUnraisableExceptionWarning` traceback before the summary. With
+    the callback gone the interrupt lands in ordinary code and the worker ends quietly; at
+    this point nothing needs device buffers freed early."""
+    import gc
+
+    gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__name__", "") != "_xla_gc_callback"]

@@ -140,6 +140,22 @@ def test_no_page_shows_a_dollar_of_unrendered_mathematics(site):
     assert not stray, "unrendered mathematics:\n" + "\n".join(stray)
 
 
+def test_no_reference_entry_is_empty(site):
+    """Every attribute, function and class entry of the API reference has a description:
+    a dataclass field is described in its class's docstring (checked by
+    `test_layout.py`) and gets no entry of its own, instead of an empty one (there were
+    526 of 583)."""
+    empty = []
+    for page in sorted((site / "api").rglob("*.html")):
+        text = page.read_text("utf-8")
+        for m in re.finditer(r'<div class="doc doc-object doc-(\w+)">\s*<h\d id="([^"]+)"', text):
+            body = re.search(r'<div class="doc doc-contents[^"]*">(.*?)</div>',
+                             text[m.end():], flags=re.S)  # fmt: skip
+            if body is None or not re.sub(r"<[^>]+>|\s", "", body.group(1)):
+                empty.append(f"{m.group(2)} ({m.group(1)})")
+    assert not empty, f"{len(empty)} reference entries without a description: {empty[:20]}"
+
+
 def test_cli_page_lists_every_command_option_and_file(site):
     """The command-line page is generated from the parser: every command, every option of
     each, and every file a command says it writes appear on it."""
@@ -215,3 +231,26 @@ def test_pages_render_in_a_headless_browser(site, tmp_path, tmp_path_factory):
         server.shutdown()
     for shot in ("index.png", "api_equation.png"):
         assert (tmp_path / shot).stat().st_size > 10_000, f"{shot} is a blank screenshot"
+
+
+def test_convert_pytorch_page_runs_and_says_what_converts(tmp_path):
+    """The how-to page's Python blocks run as written, in order, and what it says converts
+    does: it once called a pre-LN encoder an error while `from_torch` converted it."""
+    page = (ROOT / "docs" / "how-to" / "convert-pytorch.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 2
+    script = tmp_path / "page.py"
+    script.write_text("\n".join(blocks), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "solvers")]))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = [float(line) for line in proc.stdout.split() if re.fullmatch(r"[0-9.e+-]+", line)]
+    assert errors and max(errors) < 1e-5, proc.stdout  # the printed differences: round-off
+    assert "pre-LN (`norm_first=True`: `block=itde.PreNorm()`" in page
+    import torch
+
+    import itde
+
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=True)
+    assert isinstance(itde.from_torch(layer).block, itde.PreNorm)

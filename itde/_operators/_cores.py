@@ -108,6 +108,7 @@ ATTENTION_CORES: dict[str, type[AbstractAttentionCore]] = {
     "blocked": Blocked,
     "fused": Fused,
 }
+"""Attention cores by name, for configs and the CLI (`attention_core = "blocked"`)."""
 
 
 def as_attention_core(core) -> AbstractAttentionCore:

@@ -26,6 +26,8 @@ ACTIVATIONS: dict[str, object] = {
     "silu": jax.nn.silu,  # x sigmoid(x), a.k.a. swish (Llama's SwiGLU)
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP's approximation
 }
+"""The activations $\\rho$ of the feed-forward by name (`activation = "gelu"`): name -> the
+function."""
 
 
 def _linear(x, w, b):

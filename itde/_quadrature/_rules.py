@@ -217,6 +217,8 @@ class PeriodicTrapezoid(AbstractQuadrature):
 RULES: dict[str, type[AbstractQuadrature]] = {
     cls.name: cls for cls in (Midpoint, Trapezoid, Simpson, GaussLegendre, PeriodicTrapezoid)
 }
+"""The quadrature rules by name, for configs and the CLI (`[grid] tokens = "gauss-legendre"`):
+name -> rule class."""
 
 
 class Grid(eqx.Module):

@@ -275,6 +275,8 @@ class FunctionFeedForward(AbstractFeedForward):
         )
 
     def sample(self, grid: Grid) -> FeedForward:
+        """The discrete feed-forward on `grid`'s feature nodes (the grid's feature rule must
+        cover the input basis's interval)."""
         y = _rule_nodes(grid.features, grid.n_features, self.w1.basis_in, "grid.features")
         return self.sample_nodes(y)
 

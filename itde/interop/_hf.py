@@ -31,6 +31,8 @@ __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 
 #: The Hugging Face model classes `from_hf` converts, by class name, and their families.
 HF_FAMILIES: dict[str, AbstractHFFamily] = {}
+"""The Hugging Face model classes `from_hf` converts, by class name, and their families
+(instances of `AbstractHFFamily`)."""
 for _family in (
     BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), Qwen2Family(),
     MistralFamily(), GemmaFamily(), GPTNeoXFamily(), T5EncoderFamily(), ViTFamily(),

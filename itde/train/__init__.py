@@ -40,7 +40,6 @@ from ._load import load
 from ._loop import (
     Run,
     TrainResult,
-    make_mesh,
     make_optimizer,
     make_schedule,
     make_step,
@@ -49,7 +48,7 @@ from ._loop import (
 )
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
-from ._sharding import MIN_SHARD_SIZE, fsdp_spec
+from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh
 from ._task import AbstractTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 

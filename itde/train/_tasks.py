@@ -280,6 +280,7 @@ class CharLM(AbstractTask):
 
 #: The tasks of `itde train`: `task.name` -> task class.
 TASKS: dict[str, type[AbstractTask]] = {c.name: c for c in (Sort, Burgers, CharLM, TextLM)}
+"""The tasks of `itde train`: `task.name` -> task class."""
 
 
 def build_model(cfg, key: PRNGKeyArray, *, task=None, dtype=jnp.float32):
