@@ -85,6 +85,43 @@ def task_configs(tiny: bool) -> dict:
     }
 
 
+def figure(results: list[dict], tasks) -> object:
+    """The bar chart of the held-out errors per task and scheme: bars from zero, each
+    scheme's parameter count and field evaluations in its label, the parameter range in the
+    title (the figure's text is what a reader compares)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(5.2 * len(tasks), 4.2), constrained_layout=True, squeeze=False
+    )
+    for ax, task in zip(axes[0], tasks):
+        rows = [r for r in results if r["task"] == task]
+        for i, r in enumerate(rows):
+            ax.bar(
+                i,
+                r["mean"],
+                yerr=r["std"],
+                color=f"C{i}",
+                capsize=4,
+                alpha=0.8,
+                label=f"{r['scheme']} ({r['params']} params, A/F {r['attention_evals']}/"
+                f"{r['feedforward_evals']})",
+            )
+            ax.scatter([i] * len(r["values"]), r["values"], color="k", s=12, zorder=3)
+        ax.set_xticks(range(len(rows)), [r["scheme"] for r in rows])
+        ax.set_xlabel("depth scheme (block)")
+        unit = "relative L2 (dimensionless)" if task == "burgers" else "nats per character"
+        ax.set_ylabel(f"held-out {rows[0]['metric']}: {unit}")
+        hi = max(max(r["values"]) for r in rows)
+        ax.set_ylim(0.0, 1.15 * hi)  # bars start at zero: their heights compare honestly
+        params = [r["params"] for r in rows]
+        spread = (max(params) - min(params)) / max(params)
+        ax.set_title(f"{task}: Lie vs Strang vs RK4\nparameters {min(params)}-{max(params)} "
+                     f"(within {100 * spread:.0f}%)")  # fmt: skip
+        ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
 def main(argv=None) -> dict:
     args = parser(__doc__, "splitting_blocks").parse_args(argv)
     out = Path(args.out)
@@ -158,36 +195,7 @@ def main(argv=None) -> dict:
     verdict(claims, tiny=args.tiny)
 
     # -------------------------------------------------------------- figure
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(tasks), figsize=(5.2 * len(tasks), 4.2), constrained_layout=True, squeeze=False
-    )
-    for ax, task in zip(axes[0], tasks):
-        rows = [r for r in results if r["task"] == task]
-        for i, r in enumerate(rows):
-            ax.bar(
-                i,
-                r["mean"],
-                yerr=r["std"],
-                color=f"C{i}",
-                capsize=4,
-                alpha=0.8,
-                label=f"{r['scheme']} ({r['params']} params, A/F {r['attention_evals']}/"
-                f"{r['feedforward_evals']})",
-            )
-            ax.scatter([i] * len(r["values"]), r["values"], color="k", s=12, zorder=3)
-        ax.set_xticks(range(len(rows)), [r["scheme"] for r in rows])
-        ax.set_xlabel("depth scheme (block)")
-        unit = "relative L2 (dimensionless)" if task == "burgers" else "nats per character"
-        ax.set_ylabel(f"held-out {rows[0]['metric']}: {unit}")
-        hi = max(max(r["values"]) for r in rows)
-        ax.set_ylim(0.0, 1.15 * hi)  # bars start at zero: their heights compare honestly
-        params = [r["params"] for r in rows]
-        spread = (max(params) - min(params)) / max(params)
-        ax.set_title(f"{task}: Lie vs Strang vs RK4\nparameters {min(params)}-{max(params)} "
-                     f"(within {100 * spread:.0f}%)")  # fmt: skip
-        ax.legend(fontsize=7, loc="upper right")
+    fig = figure(results, tasks)
     save(fig, out, "splitting_blocks")
     payload = {
         "experiment": "splitting_blocks",

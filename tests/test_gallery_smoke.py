@@ -127,6 +127,22 @@ def test_splitting_blocks_models_build_and_run(gallery, in_root):
         assert counts["strang"] == counts["rk4"]
 
 
+def test_splitting_blocks_figure_starts_its_bars_at_zero_and_states_the_parameters(gallery):
+    """The bar chart once started its y-axis at 1.1 under the title "equal parameters"
+    over 2457 vs 2329 parameters: the bars start at zero and the title gives the range."""
+    mod = gallery("splitting_blocks")
+    rows = [
+        {"task": "burgers", "scheme": s, "mean": m, "std": 0.01, "values": [m - 0.01, m + 0.01],
+         "params": p, "attention_evals": 2, "feedforward_evals": 2, "metric": "eval_rel_l2"}
+        for s, m, p in (("lie", 1.15, 2457), ("strang", 1.12, 2329), ("rk4", 1.18, 2329))
+    ]  # fmt: skip
+    fig = mod.figure(rows, ["burgers"])
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] == 0.0
+    assert "parameters 2329-2457 (within 5%)" in ax.get_title()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["lie", "strang", "rk4"]
+
+
 # -------------------------------------------------------------- resolution_transfer
 def test_resolution_transfer_model_runs_on_a_finer_grid(gallery, in_root):
     """The script's model, built for its training grid, runs unchanged on the finest
