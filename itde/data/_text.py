@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
+from ._tokenizers import decode_ids
+
 _SPLITS = ("train", "val")
 
 
@@ -151,17 +153,7 @@ class CharCorpus:
     def decode(self, ids: Iterable[int] | Int[Array, " chars"]) -> str:
         """The text of a 1-D sequence of token ids; raises `ValueError` on an id outside
         `[0, vocab_size)`."""
-        ids = np.asarray(ids)
-        if ids.ndim != 1:
-            raise ValueError(f"`ids` must be one-dimensional, got shape {ids.shape}.")
-        if ids.size and (not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(f"`ids` must be integers, got dtype {ids.dtype}.")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(
-                f"`ids` must lie in [0, vocab_size={self.vocab_size}), got values in "
-                f"[{ids.min()}, {ids.max()}]."
-            )
-        return "".join(self.itos[i] for i in ids.tolist())
+        return decode_ids(ids, self.itos)
 
     def batch(
         self, key: PRNGKeyArray, split: str, batch: int, context: int

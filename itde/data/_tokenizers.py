@@ -13,6 +13,22 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+
+def decode_ids(ids, itos) -> str:
+    """The text of a 1-D sequence of token ids over the vocabulary `itos` (token `i` is
+    `itos[i]`); raises `ValueError` on a shape, dtype or id outside `[0, len(itos))`."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"`ids` must be one-dimensional, got shape {ids.shape}.")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"`ids` must be integers, got dtype {ids.dtype}.")
+    if ids.size and (ids.min() < 0 or ids.max() >= len(itos)):
+        raise ValueError(
+            f"`ids` must lie in [0, vocab_size={len(itos)}), got values in "
+            f"[{ids.min()}, {ids.max()}]."
+        )
+    return "".join(itos[i] for i in ids.tolist())
+
 #: The tokenizers of `TokenCorpus` / the `textlm` task by name.
 TOKENIZER_KINDS = ("char", "bpe")
 
@@ -39,17 +55,7 @@ class AbstractTokenizer(abc.ABC):
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """The text of a 1-D sequence of token ids."""
-        ids = np.asarray(ids)
-        if ids.ndim != 1:
-            raise ValueError(f"`ids` must be one-dimensional, got shape {ids.shape}.")
-        if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"`ids` must be integers, got dtype {ids.dtype}.")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(
-                f"`ids` must lie in [0, vocab_size={self.vocab_size}), got values in "
-                f"[{ids.min()}, {ids.max()}]."
-            )
-        return "".join(self.itos[i] for i in ids.tolist())
+        return decode_ids(ids, self.itos)
 
     @abc.abstractmethod
     def to_json(self) -> dict:
