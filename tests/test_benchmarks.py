@@ -102,8 +102,10 @@ def test_continuity_benchmark_tiny_writes_its_table(tmp_path):
     (about a minute: four training compilations)."""
     script = ROOT / "benchmarks" / "continuity.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "solvers")]))
-    proc = subprocess.run([sys.executable, str(script), "--tiny", "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     r = json.loads((tmp_path / "continuity.json").read_text())
     assert [row["option"] for row in r["rows"]] == ["none", "consistency", "transport", "both"]

@@ -6,6 +6,7 @@ re-targeted with `with_depth`)."""
 import json
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,7 +82,8 @@ def test_objective_is_the_loss_plus_both_terms(problem):
     assert consistency > 1e-12 and transport > 0.1  # both terms are there to be seen
     # (a smooth initialisation is close to its limit: consistency ~1e-9, so weighed up)
     for mu, lam in ((3e4, 0.0), (0.0, 0.2)):  # each term alone (their sum is linear)
-        got = float(regularised_loss(model, (x, y), run.task, None, DepthRegularisation(mu, lam)))
+        objective = eqx.filter_jit(regularised_loss)
+        got = float(objective(model, (x, y), run.task, None, DepthRegularisation(mu, lam)))
         want = mu * consistency + lam * transport
         assert got - base == pytest.approx(want, rel=1e-7, abs=1e-13)
 
@@ -116,3 +118,21 @@ def test_training_with_a_term_logs_the_distance(tmp_path):
     bare = float(loss_fn(model0, batch, run.task))
     assert rows[0]["step"] == 1 and rows[0]["loss"] == pytest.approx(full, rel=1e-5)
     assert abs(full - bare) > 1e-3 * abs(bare)
+
+
+@pytest.mark.parametrize(
+    ("continuity", "model", "said"),
+    [
+        ({"consistency": 1.0}, {"scheme": "lie", "dt": 1.0, "n_modes": None, "eps": None},
+         "`continuity.consistency` > 0 asks a per-layer network"),
+        ({"transport": 0.5}, {"scheme": "lie", "dt": 1.0, "n_modes": None, "eps": None},
+         "`continuity.transport` > 0 asks a per-layer network"),
+        ({"consistency": -1.0}, {}, "`continuity.consistency` must be a finite weight >= 0"),
+        ({"transport": float("nan")}, {}, "`continuity.transport` must be a finite weight"),
+        ({"refine": 1}, {}, "`continuity.refine`=1 must be an integer >= 2"),
+    ],
+)  # fmt: skip
+def test_bad_continuity_settings_name_the_key(continuity, model, said):
+    m = {k: v for k, v in {**TABLE["model"], **model}.items() if v is not None}
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        from_dict(TrainExperiment, {**TABLE, "model": m, "continuity": continuity})
