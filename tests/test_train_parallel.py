@@ -123,6 +123,7 @@ def _run_on_two_devices(script):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.slow  # by default test_train_fsdp.py checks a data=2 x fsdp=4 step against one device
 def test_sharded_loss_and_gradient_equal_single_device():
     _run_on_two_devices(SMALL_SCRIPT)
 
