@@ -14,6 +14,7 @@ machine noise hits them alike; the figure to quote is the ratio.
 
     python benchmarks/gpu.py                      # the accelerator run, writes runs/gpu/gpu.json
     python benchmarks/gpu.py --tiny               # a tiny model on CPU: checks the script runs
+    python benchmarks/gpu.py --shape nanogpt      # nanoGPT's CPU-run shape; also gpt2-124m
 
 JSON: `device`, `shape`, `flops_per_step` (model FLOPs of one forward+backward: 3x the
 forward's matrix products, attention counted as the full `[tokens, tokens]` matrix), and
@@ -49,6 +50,16 @@ from itde.train import TokenModel
 
 FULL = dict(layers=6, heads=6, width=384, hidden=1536, context=256, vocab=96, batch=64)
 TINY = dict(layers=2, heads=2, width=16, hidden=32, context=16, vocab=12, batch=4)
+#: The shapes `--shape` names: the charlm model above; nanoGPT's README CPU run (4 layers,
+#: 4 heads, width 128, context 64, batch 12, character vocabulary of Shakespeare, 65); GPT-2
+#: small's shape (12 x 12 x 768, context 1024, vocabulary 50257, 124M parameters with a tied
+#: head: this model's head is untied, 163M), at batch 8.
+SHAPES = {
+    "charlm": FULL,
+    "nanogpt": dict(layers=4, heads=4, width=128, hidden=512, context=64, vocab=65, batch=12),
+    "gpt2-124m": dict(layers=12, heads=12, width=768, hidden=3072, context=1024, vocab=50257,
+                      batch=8),
+}  # fmt: skip
 IMPLS = ("dense", "blocked", "fused")
 DTYPES = ("float32", "bfloat16")
 
@@ -157,6 +168,8 @@ def _device_peak(dev):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="a tiny model (CPU check of the script)")
+    ap.add_argument("--shape", choices=list(SHAPES), default="charlm",
+                    help="the model's shape (default charlm; --tiny replaces it)")  # fmt: skip
     ap.add_argument("--batch", type=int, help="sequences per step (default 64; tiny 4)")
     ap.add_argument("--repeats", type=int, help="timed steps per round (default 10; tiny 2)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; tiny 1)")
@@ -174,7 +187,7 @@ def main(argv=None) -> dict:
     )  # fmt: skip
     ap.add_argument("--out", default="runs/gpu/gpu.json", help="the JSON file to write")
     a = ap.parse_args(argv)
-    s = dict(TINY if a.tiny else FULL)
+    s = dict(TINY if a.tiny else SHAPES[a.shape])
     for name, default in (("batch", s["batch"]), ("repeats", 2 if a.tiny else 10),
                           ("rounds", 1 if a.tiny else 3)):  # fmt: skip
         v = getattr(a, name)
@@ -270,6 +283,7 @@ def main(argv=None) -> dict:
         "device": {"platform": dev.platform, "kind": kind, "count": jax.device_count()},
         "versions": {"python": sys.version.split()[0], "jax": jax.__version__},
         "tiny": a.tiny,
+        "shape_name": "tiny" if a.tiny else a.shape,
         "shape": s,
         "block_size": block_size,
         "repeats": a.repeats,
@@ -305,8 +319,8 @@ def _memory_analysis(compiled) -> dict | None:
 
 def _print(r: dict) -> None:
     s = r["shape"]
-    print(f"charlm {s['layers']}x{s['heads']}x{s['width']}, context {s['context']}, batch "
-          f"{s['batch']} on {r['device']['kind']}; "
+    print(f"{r.get('shape_name', 'charlm')} {s['layers']}x{s['heads']}x{s['width']}, "
+          f"context {s['context']}, batch {s['batch']} on {r['device']['kind']}; "
           f"{r['flops_per_step'] / 1e9:.2f} GFLOP/step")  # fmt: skip
     print(f"{'dtype':<10}{'impl':<9}{'compile s':>10}{'step ms':>10}{'tokens/s':>12}{'MFU':>8}"
           f"{'itde/torch':>12}{'loss - torch':>14}")  # fmt: skip

@@ -65,6 +65,29 @@ def test_gpu_script_tiny_runs_and_writes_its_json(tmp_path):
     _check(r, ["dense"], ["float32"])
 
 
+def test_gpu_script_named_shapes_are_the_models_they_name():
+    """`--shape nanogpt` / `gpt2-124m`: the shapes of nanoGPT's CPU run and GPT-2 small,
+    their step FLOPs counted here by hand, and GPT-2 small's parameter count (124M with a
+    tied head: embeddings 50257 x 768 and 1024 x 768, per layer 12 * 768^2 weights plus
+    13 * 768 biases and LayerNorms, a final LayerNorm)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    n = gpu.SHAPES["nanogpt"]
+    assert (n["layers"], n["heads"], n["width"], n["context"], n["batch"]) == (4, 4, 128, 64, 12)
+    # per token: 4 layers * (4 * 128^2 + 2 * 128 * 512) + 128 * 65 = 794,752 multiply-adds;
+    # attention 4 layers * 2 * 64^2 * 128 = 4,194,304 per sequence
+    assert gpu.flops_per_step(n) == 3 * 2 * (12 * 64 * 794_752 + 12 * 4_194_304)
+    g = gpu.SHAPES["gpt2-124m"]
+    d, L, V, T = g["width"], g["layers"], g["vocab"], g["context"]
+    tied = V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d
+    assert 124_000_000 < tied < 124_600_000 and g["hidden"] == 4 * d and g["heads"] == 12
+    with pytest.raises(SystemExit):
+        gpu.main(["--shape", "gpt3"])
+
+
 @pytest.mark.slow
 def test_gpu_script_tiny_every_configuration(tmp_path):
     r = _run(tmp_path)
