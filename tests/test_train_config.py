@@ -185,3 +185,54 @@ def test_text_path_in_a_config_file_is_read_from_the_files_folder(tmp_path, monk
     absolute = folder / "corpus.txt"
     (folder / "d.toml").write_text(f'[task]\nname = "charlm"\ntext_path = "{absolute}"\n')
     assert Path(load(TrainExperiment, folder / "d.toml").task.text_path) == absolute
+
+
+def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
+    """`[model] block = "pre_norm"`, `final_norm = true` (GPT-2's and nanoGPT's layout):
+    the trained model's logits are those of the same weights in PyTorch's pre-LN encoder
+    with a final LayerNorm (`itde.to_torch`), then the readout."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    import itde
+
+    table = {
+        "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 8},
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 16,
+                  "activation": "gelu", "block": "pre_norm", "final_norm": True},
+        "optim": {"steps": 2, "batch_size": 4, "warmup": 0},
+    }  # fmt: skip
+    run = Run(from_dict(TrainExperiment, table))
+    model, _ = run.init_state()
+    assert isinstance(model.ide.block, itde.PreNorm) and model.ide.final_norm is not None
+    x, _ = run.batch(0)
+    logits = np.asarray(model.batched(jnp.asarray(x)))
+    enc = itde.to_torch(model.ide).eval()
+    assert enc.layers[0].norm_first and enc.norm is not None
+    u0 = np.array(model.initial_state(jnp.asarray(x)))
+    with torch.no_grad():
+        y = enc(torch.from_numpy(u0)).numpy()
+    want = y @ np.asarray(model.readout) + np.asarray(model.readout_bias)
+    np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-5)
+    # and the head applies the final norm: without it the logits differ
+    bare = np.asarray(itde.solve(model.ide, jnp.asarray(u0[0])).ys[-1]) @ np.asarray(
+        model.readout
+    )
+    assert np.max(np.abs(bare - (want[0] - np.asarray(model.readout_bias)))) > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ({"block": "sandwich"}, "`model.block`"),
+        ({"block": "pre_norm", "ffn_form": "relaxation"}, "is a form of the post-norm block"),
+        ({"block": "pre_norm", "scheme": "rk4"}, "`model.block` applies to the per-layer"),
+        ({"final_norm": True, "scheme": "rk4"}, "`model.final_norm` applies to the per-layer"),
+        ({"final_norm": "yes"}, "`model.final_norm`"),
+    ],
+)
+def test_block_and_final_norm_keys_are_checked(model, said):
+    table = {"task": {"name": "sort"}, "model": {"n_features": 8, "n_heads": 2, **model}}
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        from_dict(TrainExperiment, table)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _config
+from .._blocks import BLOCK_FORMS
 from .._config import ConfigError, choices, positive, seed
 from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
 
@@ -140,6 +141,11 @@ class ModelConfig:
     - `dt`: the depth step; at most one layer (`"lie"`) or the depth $T$ (continuous).
     - `eps`: the LayerNorm $\\varepsilon$ (default 1e-5 for `"lie"`; a continuous scheme
       needs the exact projection, `eps = 0`, its default).
+    - `block`: the block form of a `"lie"` network, a name of `itde.BLOCK_FORMS`:
+      `"post_norm"` (the paper's scheme, the default), `"pre_norm"` (GPT-2 / nanoGPT) or
+      `"parallel"`. Continuous schemes integrate the post-norm equation.
+    - `final_norm`: a final LayerNorm after the last layer, before the readout (GPT-2's
+      `ln_f`; with `block = "pre_norm"` the usual choice), `"lie"` only.
     """
 
     n_layers: int = 2
@@ -152,8 +158,25 @@ class ModelConfig:
     dt: float = 1.0
     n_modes: int | None = None
     eps: float | None = None
+    block: str = "post_norm"
+    final_norm: bool = False
 
     def __post_init__(self):
+        choices("model.block", self.block, tuple(BLOCK_FORMS))
+        if not isinstance(self.final_norm, bool):
+            raise ConfigError(f"`model.final_norm` must be true or false, got {self.final_norm!r}")
+        if FFN_FORMS.get(self.ffn_form) and self.block != "post_norm":
+            raise ConfigError(
+                f"`model.ffn_form`={self.ffn_form!r} is a form of the post-norm block; with "
+                f"`model.block`={self.block!r} use ffn_form = 'residual'"
+            )
+        if self.scheme != "lie" and (self.block != "post_norm" or self.final_norm):
+            key = "block" if self.block != "post_norm" else "final_norm"
+            raise ConfigError(
+                f"`model.{key}` applies to the per-layer network (`model.scheme` = 'lie'); the "
+                f"continuous scheme {self.scheme!r} integrates the post-norm equation without a "
+                "final norm: leave it unset"
+            )
         for name in ("n_layers", "n_features", "n_heads", "n_hidden", "dt"):
             positive(f"model.{name}", getattr(self, name))
         if self.n_features % self.n_heads:

@@ -92,6 +92,14 @@ def integrate(ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = F
     return solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=batched).ys[-1]
 
 
+def _output(ide: TransformerIDE, u):
+    """`ide.output` (the final norm, for one sequence) over any leading axes of `u`."""
+    if ide.final_norm is None and ide.readout is None:
+        return u
+    flat = u.reshape(-1, *u.shape[-2:])
+    return jax.vmap(ide.output)(flat).reshape(u.shape)
+
+
 def _uniform(key, shape, scale, dtype):
     return uniform(key, shape, dtype, -scale, scale)
 
@@ -138,8 +146,9 @@ class TokenModel(eqx.Module):
         return self.embedding[tokens] + self.position[: tokens.shape[-1]]
 
     def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n vocab"]:
-        """The logits from the solution $u(T)$ (any leading axes)."""
-        return u @ self.readout + self.readout_bias
+        """The logits from the solution $u(T)$ (any leading axes): the equation's output map
+        (its `final_norm`, if any) then the readout."""
+        return _output(self.ide, u) @ self.readout + self.readout_bias
 
     def _forward(self, tokens, batched: bool):
         """Embed (any leading axes), solve in depth, read out."""
@@ -186,8 +195,9 @@ class FieldModel(eqx.Module):
         return feats @ self.lift + self.lift_bias
 
     def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n"]:
-        """The predicted field from the solution $u(T)$ (any leading axes)."""
-        return u @ self.readout + self.readout_bias
+        """The predicted field from the solution $u(T)$ (any leading axes): the equation's
+        output map (its `final_norm`, if any) then the readout."""
+        return _output(self.ide, u) @ self.readout + self.readout_bias
 
     def _forward(self, u0, batched: bool):
         """Lift (any leading axes), solve in depth, read out."""
@@ -214,7 +224,8 @@ def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> Trans
     if not m.continuous:
         return TransformerIDE.init(
             key, n_layers=m.n_layers, eps=m.eps, causal=causal,
-            block=block_from_names("post_norm", m.ffn_form), grid=grid, dtype=dtype, **block,
+            block=block_from_names(m.block, m.ffn_form), final_norm=m.final_norm, grid=grid,
+            dtype=dtype, **block,
         )  # fmt: skip
     controls = LegendreControls.init(
         key, n_modes=m.n_modes, t1=float(m.n_layers), amplitude=0.1, sigma1=(0.0,),
