@@ -172,7 +172,10 @@ def test_lie_trotter_rejects_terms_that_do_not_fit():
         )
 
 
-@pytest.mark.parametrize("kind", ["paper", pytest.param("tangent", marks=pytest.mark.slow)])
+# slow: by default test_family.py::test_one_compiled_model_serves_every_mask_under_vmap_
+# batch_and_grad checks the batched solve against vmap, forward and gradient
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["paper", "tangent"])
 def test_batched_solve_equals_vmap_forward_and_gradient(kind):
     import itde_solvers as solvers
 

@@ -115,6 +115,9 @@ SCRIPT = textwrap.dedent(
         train(config(4, 4), out=out / "refused")
     except ValueError as e:
         result["refused"] = [str(e), (out / "refused").exists()]
+    if "resume" not in sys.argv[1:]:  # the kill-and-resume run: the slow test only
+        print("RESULT " + json.dumps(result))
+        sys.exit(0)
     cfg = config(4, 2)
     full = train(cfg, out=out / "full")
     part = train(cfg, out=out / "part", stop_at=1)
@@ -143,6 +146,15 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def measured():
+    return _measure()
+
+
+@pytest.fixture(scope="module")
+def measured_with_resume():
+    return _measure("resume")
+
+
+def _measure(*args):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -151,7 +163,11 @@ def measured():
     env["MPLBACKEND"] = "Agg"
     t = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", SCRIPT, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -181,7 +197,7 @@ def _assert_fsdp_layout(rows, fsdp=4, min_size=1024):
     return sharded
 
 
-def test_sharded_step_equals_one_device_step(measured):
+def _sharded_step_equals_one_device_step(measured):
     """(a) data=2 x fsdp=4: the same loss, gradient moments and parameters, to float32
     round-off; the parameters and Adam moments leave the step in the FSDP layout."""
     assert measured["mesh"] == {"data": 2, "fsdp": 4}
@@ -193,7 +209,7 @@ def test_sharded_step_equals_one_device_step(measured):
     assert _assert_fsdp_layout(measured["layout_after"]) >= 10
 
 
-def test_each_device_holds_a_quarter_of_the_state(measured):
+def _each_device_holds_a_quarter_of_the_state(measured):
     """(b) per-device bytes of parameters and optimiser state, from `addressable_shards`,
     as placed and after a step: about 1/fsdp of the total (the arrays below
     MIN_SHARD_SIZE elements stay whole)."""
@@ -205,7 +221,7 @@ def test_each_device_holds_a_quarter_of_the_state(measured):
         assert 1 / 4 <= most / total <= 1 / 4 + 0.03, (key, most, total)
 
 
-def test_accumulated_step_equals_the_whole_batch_step(measured):
+def _accumulated_step_equals_the_whole_batch_step(measured):
     """(c) 2 micro-batches of 8 on the sharded mesh give the step of the whole batch of
     16 on one device, to float32 round-off."""
     for key in ("sharded_accumulated",):
@@ -216,16 +232,28 @@ def test_accumulated_step_equals_the_whole_batch_step(measured):
     _assert_fsdp_layout(measured["layout_after_accumulated"])
 
 
-def test_batch_the_micro_batches_and_devices_do_not_divide_is_refused(measured):
+def _batch_the_micro_batches_and_devices_do_not_divide_is_refused(measured):
     message, written = measured["refused"]
     assert "`optim.batch_size`=16 does not split into `optim.accumulate`=4" in message
     assert "over the 8 devices" in message and "multiple of 32" in message and not written
 
 
-def test_sharded_run_resumes_bitwise_and_loads_whole(measured):
+def test_fsdp_and_accumulation_on_8_devices(measured):
+    """The checks (a)-(c) below and the refusal, on the one measurement (a single test, so
+    that pytest-xdist does not run the 8-device process once per worker)."""
+    _sharded_step_equals_one_device_step(measured)
+    _each_device_holds_a_quarter_of_the_state(measured)
+    _accumulated_step_equals_the_whole_batch_step(measured)
+    _batch_the_micro_batches_and_devices_do_not_divide_is_refused(measured)
+
+
+@pytest.mark.slow  # three sharded training runs (~15 s); by default test_train_resume.py
+# checks resume bit for bit and `load` on one device
+def test_sharded_run_resumes_bitwise_and_loads_whole(measured_with_resume):
     """A sharded, accumulating run killed after its step-1 checkpoint and resumed ends
     equal, bit for bit, to the uninterrupted run, in the FSDP layout; `load` returns the
     final model whole on one device, with its config and sidecar."""
+    measured = measured_with_resume
     assert measured["resume_bitwise"]
     _assert_fsdp_layout(measured["layout_resumed"])
     loaded = measured["load"]
