@@ -31,14 +31,11 @@ projections, see `itde.continuum_form`).
 
 from __future__ import annotations
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._registry import SCHEMES
-from .._solve import solve
-from ._model import cast, check_inputs
+from ._model import in_compute_dtype, integrate
 
 __all__ = ["DepthRegularisation", "continuity_metrics", "regularised_loss", "transport_cost"]
 
@@ -65,12 +62,7 @@ class DepthRegularisation(eqx.Module):
 def _path(model, u0, dt: float, steps: bool):
     """The batched solve of `model`'s equation with its scheme at step `dt`: the states at
     every step (with the start) if `steps`, else the final state."""
-    s = SCHEMES[model.scheme]
-    saveat = diffrax.SaveAt(t0=True, steps=True) if steps else None
-    ys = solve(model.ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=True,
-               saveat=saveat).ys  # fmt: skip
-    assert ys is not None
-    return ys if steps else ys[-1]
+    return integrate(model.ide, u0, model.scheme, dt, batched=True, path=steps)
 
 
 def transport_cost(model, path) -> jax.Array:
@@ -98,12 +90,7 @@ def regularised_loss(model, batch, task, compute_dtype, reg: DepthRegularisation
     path, and with consistency one more at half the step)."""
     x, y = batch
     out_dtype = model.readout.dtype
-    check_inputs(model, x)
-    m = model
-    if compute_dtype is not None and compute_dtype != out_dtype:
-        m = cast(model, compute_dtype)
-        if jnp.issubdtype(x.dtype, jnp.floating):
-            x = x.astype(compute_dtype)
+    m, x = in_compute_dtype(model, x, compute_dtype)
     u0 = m.initial_state(x)
     path = _path(m, u0, m.dt, steps=reg.transport > 0)
     uT = path[-1] if reg.transport > 0 else path

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -81,15 +82,22 @@ def check_depth(ide: TransformerIDE, scheme: str, dt: float, *, name: str = "dt"
         )
 
 
-def integrate(ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = False):
-    """$u(T)$ from $u(0) =$ `u0` with the named depth scheme and fixed step `dt`.
+def integrate(
+    ide: TransformerIDE, u0, scheme: str, dt: float, batched: bool = False, *, path: bool = False
+):
+    """$u(T)$ from $u(0) =$ `u0` with the named depth scheme and fixed step `dt` (with
+    `path`: the states at the start and after every step, `[steps + 1, ...]`).
 
     Reverse mode differentiates the discrete scheme exactly (discretise-then-optimise)
     through `itde.solve`'s default adjoint, `diffrax.RecursiveCheckpointAdjoint` (with one
     checkpoint per step for these fixed-step solves)."""
     check_depth(ide, scheme, dt)
     s = SCHEMES[scheme]  # `solve` starts the continuum equation from P_{S1(t0)}(u0)
-    return solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=batched).ys[-1]
+    saveat = diffrax.SaveAt(t0=True, steps=True) if path else None
+    ys = solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=batched,
+               saveat=saveat).ys  # fmt: skip
+    assert ys is not None
+    return ys if path else ys[-1]
 
 
 def _output(ide: TransformerIDE, u):
@@ -314,12 +322,19 @@ def predict(model, x, compute_dtype=None):
     of the model), optionally in `compute_dtype`
     (parameters and inputs cast; the output cast back to the parameters' dtype)."""
     out_dtype = model.readout.dtype
+    model, x = in_compute_dtype(model, x, compute_dtype)
+    return model.batched(x).astype(out_dtype)
+
+
+def in_compute_dtype(model, x, compute_dtype=None):
+    """`(model, x)` checked and cast for a pass in `compute_dtype` (None, or the
+    parameters' own dtype: unchanged); integer token ids stay integers."""
     check_inputs(model, x)
-    if compute_dtype is not None and compute_dtype != out_dtype:
+    if compute_dtype is not None and compute_dtype != model.readout.dtype:
         model = cast(model, compute_dtype)
         if jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(compute_dtype)
-    return model.batched(x).astype(out_dtype)
+    return model, x
 
 
 def loss_fn(model, batch, task, compute_dtype=None):
