@@ -193,7 +193,7 @@ def solve(
         # a fixed number of steps: keep every step's state (memory n_steps states, no
         # binomial recomputation of the forward)
         adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
-    u0 = eqx.error_if(
+    u0 = _error_if(
         u0,
         ~jnp.all(jnp.isfinite(u0)),
         "itde.solve: the initial state `u0` has a NaN or infinite entry; check the "
@@ -212,13 +212,17 @@ def solve(
         stepsize_controller=controller,
         adjoint=adjoint,
         max_steps=steps,
-        throw=throw,
+        throw=False,  # diffrax's check passes the whole solution through it: see _error_if
         args=args,
         **kwargs,
     )
-    if throw and isinstance(sol.ys, jax.Array):
-        sol = eqx.tree_at(lambda s: s.ys, sol, _check_output(sol.ys, u0))
-    return sol
+    if not throw:
+        return sol
+    failed = ~diffrax.is_okay(sol.result)
+    if not isinstance(sol.ys, jax.Array):
+        return sol.result.error_if(sol, failed)
+    ys = sol.ys + sol.result.error_if(jnp.zeros((), sol.ys.dtype), failed)
+    return eqx.tree_at(lambda s: s.ys, sol, _check_output(ys, u0))
 
 
 def _check_output(ys, u0):
@@ -236,9 +240,21 @@ def _check_output(ys, u0):
         "training step that diverged: lower the learning rate; or a depth step too large "
         "for an explicit scheme).",
     )
-    return eqx.branched_error_if(
-        ys, ~jnp.all(jnp.isfinite(ys)), jnp.where(big, 0, 1), messages
-    )
+    return _error_if(ys, ~jnp.all(jnp.isfinite(ys)), messages, jnp.where(big, 0, 1))
+
+
+def _error_if(x, pred, msg, index=None):
+    """`x`, raising `msg` (or `msg[index]`) at run time where `pred` holds.
+
+    Only a scalar goes through equinox's check (a `lax.cond` that XLA places on one
+    device), then is added to `x`: passing `x` itself would make a sharded `x` be
+    gathered onto that device and scattered back ("involuntary full rematerialization")."""
+    zero = jnp.zeros((), x.dtype)
+    if index is None:
+        zero = eqx.error_if(zero, pred, msg)
+    else:
+        zero = eqx.branched_error_if(zero, pred, index, msg)
+    return x + zero
 
 
 def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
@@ -465,7 +481,7 @@ def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoin
         controller = _respect_jumps(stepsize_controller, controls, jumps, t0, t1, dt0)
         if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
             r = controls.layer_length / dt0  # type: ignore[attr-defined]
-            u0 = eqx.error_if(
+            u0 = _error_if(
                 u0,
                 jnp.abs(r - jnp.round(r)) > 1e-6 * r,
                 "itde.solve: `dt0` does not divide the layers' depth length, so constant "
