@@ -45,8 +45,10 @@ def _tokenizer(path, vocab_size=300):
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=vocab_size, show_progress=False, initial_alphabet=alphabet
+    )
     tok.train([str(builtin_text_path())], trainer)
     tok.save(str(path / "tokenizer.json"))
     return tok.get_vocab_size()
@@ -218,3 +220,43 @@ def test_a_directory_without_tokenizer_or_weights_is_named(gpt2_dir, tmp_path):
     shutil.copy(gpt2_dir / "tokenizer.json", empty)
     with pytest.raises(ValueError, match=r"`model.init`='hf:.*' holds no config.json"):
         Run(from_dict(TrainExperiment, _table(empty, tmp_path / "cache")))
+
+
+@pytest.mark.slow
+def test_smooth_finetune_trains_from_the_layers(cfg, tmp_path):
+    """RK4 on the Legendre controls through the layers: it trains (the loss goes down) and
+    writes no OUT/hf (a smooth model has no layers to export)."""
+    model = dataclasses.replace(cfg.model, scheme="rk4", dt=0.5)
+    smooth = dataclasses.replace(cfg, model=model)
+    result = train(smooth, out=tmp_path)
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows]
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.2, losses
+    assert not (tmp_path / "hf").exists() and "eval_continuum_distance" in rows[-1]
+    assert isinstance(result.model.ide.controls, itde.LegendreControls)
+
+
+@pytest.mark.slow
+def test_llama_starts_at_the_hugging_face_model_and_exports(tmp_path):
+    """A tiny Llama (RoPE inside the attention: no position table, untied head)."""
+    path = tmp_path / "llama"
+    path.mkdir()
+    vocab = _tokenizer(path)
+    config = tf.LlamaConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=24,
+                            max_position_embeddings=32, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    _spread(tf.LlamaForCausalLM(config)).save_pretrained(path)
+    table = _table(path, tmp_path / "cache")
+    table["optim"] = {**table["optim"], "steps": 2}
+    c = from_dict(TrainExperiment, table)
+    run = Run(c)
+    model, _ = run.init_state()
+    assert model.position is None and not model.tied
+    x, _ = run.batch(0)
+    hf = tf.AutoModelForCausalLM.from_pretrained(path).eval()
+    np.testing.assert_allclose(PREDICT(model, jnp.asarray(x)), _hf_logits(hf, x), **TOL)
+    result = train(c, out=tmp_path / "run")
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").eval()
+    ours = PREDICT(result.model, jnp.asarray(x))
+    np.testing.assert_allclose(ours, _hf_logits(back, x), **TOL)

@@ -163,9 +163,10 @@ def test_untied_checkpoint_of_the_earlier_layout_still_loads(tmp_path):
     model, _, _ = load(tmp_path)
     assert not model.tied and model.readout is not None and model.readout_bias is not None
     assert config_for_resume(tmp_path, cfg, "<test>")[0] == cfg
-    assert "tie_embeddings" not in json.loads((tmp_path / "checkpoint.json").read_text())[
-        "config"
-    ]["model"]
+    assert (
+        "tie_embeddings"
+        not in json.loads((tmp_path / "checkpoint.json").read_text())["config"]["model"]
+    )
 
 
 @pytest.mark.parametrize(

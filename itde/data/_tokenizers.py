@@ -29,6 +29,7 @@ def decode_ids(ids, itos) -> str:
         )
     return "".join(itos[i] for i in ids.tolist())
 
+
 #: The tokenizers of `TokenCorpus` / the `textlm` task by name.
 TOKENIZER_KINDS = ("char", "bpe")
 

@@ -39,7 +39,8 @@ from ._config import (
 )
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss, transport_cost
 from ._evaluate import evaluate
-from ._finetune import export_hf, init_from_hf, lm_from_token_model, token_model_from_lm
+from ._export import export_hf
+from ._finetune import init_from_hf, lm_from_token_model, token_model_from_lm
 from ._load import load
 from ._loop import (
     Run,

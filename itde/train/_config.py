@@ -67,7 +67,8 @@ class TaskConfig:
       (next-character prediction on `text_path`, empty = the built-in tiny text; a
       relative path in a config file is read from the file's folder; windows
       of `context` characters, the last `val_fraction` held out) or `"textlm"` (the same
-      on a file or folder of any size, `text_glob`, `tokenizer` = `"char"` or `"bpe"`,
+      on a file or folder of any size, `text_glob`, `tokenizer` = `"char"`, `"bpe"` or
+      `"hf:DIR"` (a Hugging Face directory's `tokenizer.json`, with `[model] init`),
       `vocab_size`, `cache_dir`: see [`TextLM`][itde.train.TextLM]).
     - `eval_size`: held-out examples per evaluation (rounded up to whole batches).
 
@@ -220,7 +221,9 @@ class ModelConfig:
         choices("model.block", self.block, tuple(BLOCK_FORMS))
         for key in ("final_norm", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"`model.{key}` must be true or false, got {getattr(self, key)!r}")
+                raise ConfigError(
+                    f"`model.{key}` must be true or false, got {getattr(self, key)!r}"
+                )
         if FFN_FORMS.get(self.ffn_form) and self.block != "post_norm":
             raise ConfigError(
                 f"`model.ffn_form`={self.ffn_form!r} is a form of the post-norm block; with "
@@ -295,9 +298,7 @@ class ModelConfig:
         elif self.n_modes is not None:
             positive("model.n_modes", self.n_modes)
         if not self.continuous and self.dt > 1.0:
-            raise ConfigError(
-                f"`model.dt`={self.dt} is longer than a layer; choose 0 < dt <= 1"
-            )
+            raise ConfigError(f"`model.dt`={self.dt} is longer than a layer; choose 0 < dt <= 1")
 
     @property
     def continuous(self) -> bool:

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from .._controls import LegendreControls, PiecewiseConstant
 from ._model import TokenModel, check_depth
 
-__all__ = ["export_hf", "init_from_hf", "lm_from_token_model", "token_model_from_lm"]
+__all__ = ["init_from_hf", "lm_from_token_model", "token_model_from_lm", "write_hf"]
 
 _WEIGHTS = ("*.safetensors", "*.bin")
 #: Tokenizer files copied next to an exported model, where the source directory has them.
@@ -70,9 +70,7 @@ def check_dir(path: Path, name: str = "model.init") -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"`{name}`='hf:{path}' holds no config.json; {fix}.")
     if not any(any(path.glob(p)) for p in _WEIGHTS):
-        raise ValueError(
-            f"`{name}`='hf:{path}' holds no weights (*.safetensors or *.bin); {fix}."
-        )
+        raise ValueError(f"`{name}`='hf:{path}' holds no weights (*.safetensors or *.bin); {fix}.")
     return path
 
 
@@ -139,8 +137,10 @@ def token_model_from_lm(lm, m, *, vocab: int, context: int, name: str = "model.i
 
     base = lm.base
     what = f"`{name}`={m.init!r} ({base.source})"
-    if base.embedding_norm is not None or base.token_type_embeddings is not None or (
-        base.embedding_scale is not None
+    if (
+        base.embedding_norm is not None
+        or base.token_type_embeddings is not None
+        or (base.embedding_scale is not None)
     ):
         raise ValueError(
             f"{what} embeds tokens with a norm, token types or a scale, which itde train's "
@@ -232,35 +232,6 @@ def lm_from_token_model(model: TokenModel, template):
     )
     head = None if model.readout is None else model.readout.T
     return dataclasses.replace(template, base=base, head=head, head_bias=model.readout_bias)
-
-
-def export_hf(directory, out=None) -> Path:
-    """Write the fine-tuned model of an `itde train` run whose config has
-    `[model] init = "hf:DIR"` as a Hugging Face directory: `save_pretrained` of the source
-    class ([`itde.to_hf`][itde.interop.to_hf]) plus the tokenizer files of `DIR`, so that
-    `AutoModelForCausalLM.from_pretrained(out)` gives the itde model's logits (to float32
-    round-off) and `AutoTokenizer.from_pretrained(out)` its tokenizer.
-
-    **Arguments:**
-
-    - `directory`: the run's output directory (it holds `checkpoint.json`).
-    - `out`: where to write (default `directory/hf`).
-
-    **Returns:** the path written. **Raises** `ValueError` for a run not started from a
-    Hugging Face model, or one that cannot be written back (controls smooth in depth, or a
-    depth step other than one layer).
-    """
-    from ._load import load
-
-    model, cfg, _ = load(directory)
-    if not cfg.model.init:
-        raise ValueError(
-            f"`directory`={str(directory)!r} holds a run trained from scratch (`model.init` "
-            "is empty); only a model started from a Hugging Face directory has a class to "
-            "be written back into."
-        )
-    lm = lm_from_token_model(model, converted(cfg.model.init_dir))
-    return write_hf(lm, cfg.model.init_dir, Path(directory) / "hf" if out is None else out)
 
 
 def write_hf(lm, source: Path, out) -> Path:

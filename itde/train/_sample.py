@@ -144,9 +144,6 @@ def sample(
 
     **Returns:** the text, `prompt + generated`.
     """
-    return prompt + "".join(
-        sample_stream(
-            model, itos, prompt, length, temperature=temperature, seed=seed, encode=encode,
-            context=context,
-        )
-    )
+    stream = sample_stream(model, itos, prompt, length, temperature=temperature, seed=seed,
+                           encode=encode, context=context)  # fmt: skip
+    return prompt + "".join(stream)
