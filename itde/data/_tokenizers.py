@@ -29,6 +29,7 @@ def decode_ids(ids, itos) -> str:
         )
     return "".join(itos[i] for i in ids.tolist())
 
+
 #: The tokenizers of `TokenCorpus` / the `textlm` task by name.
 TOKENIZER_KINDS = ("char", "bpe")
 
@@ -151,13 +152,75 @@ class BPETokenizer(AbstractTokenizer):
         return {"kind": "bpe", "tokenizer": json.loads(self._tok.to_str())}
 
 
+#: The prefix of a tokenizer name that reads a Hugging Face directory's `tokenizer.json`.
+HF_TOKENIZER = "hf:"
+
+
+class HFTokenizer(AbstractTokenizer):
+    """A Hugging Face tokenizer as saved in a model's directory (`tokenizer.json`, the
+    `tokenizers` library's format; e.g. GPT-2's byte-level BPE), used as it is: the token
+    ids are the model's. No special tokens are added. Text is encoded line by line (as
+    the corpus is cut at line ends), so a merge never spans a line end; `decode` is the
+    tokenizer's own (for a byte-level vocabulary `itos[i]`, the text of token `i` alone,
+    may show a replacement character where a token holds part of a multi-byte
+    character)."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self._itos: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_dir(cls, path, name: str = "tokenizer") -> HFTokenizer:
+        """The `tokenizer.json` of the Hugging Face directory `path` (`name`: the argument
+        named in an error)."""
+        import pathlib
+
+        path = pathlib.Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ValueError(
+                f"`{name}`='{HF_TOKENIZER}{path}': {str(file)!r} does not exist, so the model's "
+                "token ids cannot be reproduced. Save its fast tokenizer there (`AutoTokenizer."
+                "from_pretrained(...).save_pretrained(DIR)` or `tokenizers.Tokenizer.save("
+                "DIR + '/tokenizer.json')`), or point it at a directory that holds one."
+            )
+        return cls(_tokenizers().Tokenizer.from_file(str(file)))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def itos(self) -> tuple[str, ...]:  # type: ignore[override]
+        if self._itos is None:
+            self._itos = tuple(self._tok.decode([i], skip_special_tokens=False)
+                               for i in range(self.vocab_size))  # fmt: skip
+        return self._itos
+
+    def encode(self, text: str) -> np.ndarray:
+        if not text:
+            return np.zeros((0,), np.int64)
+        lines = text.splitlines(keepends=True)
+        enc = self._tok.encode_batch(lines, add_special_tokens=False)
+        return np.concatenate([np.asarray(e.ids, np.int64) for e in enc])
+
+    def decode(self, ids) -> str:
+        return self._tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+    def to_json(self) -> dict:
+        return {"kind": "hf", "tokenizer": json.loads(self._tok.to_str())}
+
+
 def tokenizer_from_json(spec: dict) -> AbstractTokenizer:
     """The tokenizer of `AbstractTokenizer.to_json()`'s output."""
     kind = spec.get("kind") if isinstance(spec, dict) else None
     if kind == "char":
         return CharTokenizer(spec["itos"])
-    if kind == "bpe":
+    if kind in ("bpe", "hf"):
         tk = _tokenizers()
-        return BPETokenizer(tk.Tokenizer.from_str(json.dumps(spec["tokenizer"])))
+        tok = tk.Tokenizer.from_str(json.dumps(spec["tokenizer"]))
+        return BPETokenizer(tok) if kind == "bpe" else HFTokenizer(tok)
     raise ValueError(f"not a tokenizer description (kind {kind!r}; expected one of "
-                     f"{TOKENIZER_KINDS}).")  # fmt: skip
+                     f"{(*TOKENIZER_KINDS, 'hf')}).")  # fmt: skip

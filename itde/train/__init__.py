@@ -14,6 +14,9 @@
   [`CheckpointError`][]; continuity terms [`DepthRegularisation`][].
 - A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
 - Sampling: [`sample`][] and [`sample_stream`][] (causal text models: charlm, textlm).
+- Fine-tuning a Hugging Face causal language model (`[model] init = "hf:DIR"`):
+  [`init_from_hf`][], [`token_model_from_lm`][], [`lm_from_token_model`][] and
+  [`export_hf`][] (the fine-tuned model written back as a Hugging Face directory).
 """
 
 from ._checkpoint import CheckpointError
@@ -36,6 +39,8 @@ from ._config import (
 )
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss, transport_cost
 from ._evaluate import evaluate
+from ._export import export_hf
+from ._finetune import init_from_hf, lm_from_token_model, token_model_from_lm
 from ._load import load
 from ._loop import (
     Run,
@@ -77,11 +82,14 @@ __all__ = [
     "build_model",
     "continuity_metrics",
     "evaluate",
+    "export_hf",
     "from_dict",
     "fsdp_spec",
+    "init_from_hf",
     "load",
     "load_checkpoint",
     "load_config",
+    "lm_from_token_model",
     "loss_fn",
     "make_mesh",
     "make_optimizer",
@@ -95,6 +103,7 @@ __all__ = [
     "sample_stream",
     "save_checkpoint",
     "to_dict",
+    "token_model_from_lm",
     "train",
     "transport_cost",
     "TrainResult",

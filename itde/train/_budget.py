@@ -42,13 +42,22 @@ def step_bytes(cfg, tokens: int, train: bool = True) -> int:
     their attention and feed-forward intermediates, and one step's attention scores, for
     one micro-batch (`batch_size / accumulate` examples); an evaluation step
     (`train=False`) keeps two states of a whole batch."""
-    m, b = cfg.model, cfg.optim.batch_size
+    m, b = _dims(cfg.model), cfg.optim.batch_size
     if train:
         b //= cfg.optim.accumulate
-    depth_steps = max(1, round(m.n_layers / m.dt)) if train else 2
-    states = b * tokens * (4 * m.n_features + 2 * m.n_hidden) * depth_steps
-    scores = 3 * b * m.n_heads * tokens * tokens
+    depth_steps = max(1, round(m["n_layers"] / cfg.model.dt)) if train else 2
+    states = b * tokens * (4 * m["n_features"] + 2 * m["n_hidden"]) * depth_steps
+    scores = 3 * b * m["n_heads"] * tokens * tokens
     return _FLOAT * (states + scores)
+
+
+def _dims(m) -> dict[str, int]:
+    """The sizes of the `[model]` table `m`, or of its `init` model (its config.json)."""
+    if m.init:
+        from ._finetune import hf_dims
+
+        return hf_dims(m.init_dir)
+    return {k: getattr(m, k) for k in ("n_layers", "n_features", "n_heads", "n_hidden")}
 
 
 def eval_set_bytes(size: int, batch_size: int, tokens: int) -> int:
@@ -82,7 +91,8 @@ def check_fits(
             f"(`optim.batch_size`={cfg.optim.batch_size}"
             + (f" in `optim.accumulate`={k} micro-batches" if train and k > 1 else "")
             + f", `{tokens_name}`={tokens} tokens, `model.n_features`="
-            f"{cfg.model.n_features}, {max(1, round(cfg.model.n_layers / cfg.model.dt))} "
+            f"{_dims(cfg.model)['n_features']}, "
+            f"{max(1, round(_dims(cfg.model)['n_layers'] / cfg.model.dt))} "
             f"depth steps), more than the {_gib(limit)} this machine has; lower "
             f"optim.batch_size or {tokens_name}"
             + (", or raise optim.accumulate (micro-batches a step)" if train else "")

@@ -21,6 +21,7 @@ from .._config import ConfigError, choices, positive, seed
 from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
 
 __all__ = [
+    "ARCHITECTURE",
     "COMPUTE_DTYPES",
     "ConfigError",
     "ContinuityConfig",
@@ -66,7 +67,8 @@ class TaskConfig:
       (next-character prediction on `text_path`, empty = the built-in tiny text; a
       relative path in a config file is read from the file's folder; windows
       of `context` characters, the last `val_fraction` held out) or `"textlm"` (the same
-      on a file or folder of any size, `text_glob`, `tokenizer` = `"char"` or `"bpe"`,
+      on a file or folder of any size, `text_glob`, `tokenizer` = `"char"`, `"bpe"` or
+      `"hf:DIR"` (a Hugging Face directory's `tokenizer.json`, with `[model] init`),
       `vocab_size`, `cache_dir`: see [`TextLM`][itde.train.TextLM]).
     - `eval_size`: held-out examples per evaluation (rounded up to whole batches).
 
@@ -123,6 +125,27 @@ class TaskConfig:
         return {k: getattr(self, k) for k in TASKS[self.name].options}
 
 
+#: The `[model]` keys that describe the network's architecture, with their defaults for a
+#: model trained from scratch; with `init` they come from the initial model instead.
+ARCHITECTURE: dict[str, Any] = {
+    "n_layers": 2,
+    "n_features": 32,
+    "n_heads": 4,
+    "n_hidden": 64,
+    "activation": "relu",
+    "ffn_form": "residual",
+    "block": "post_norm",
+    "final_norm": False,
+    "tie_embeddings": False,
+}
+"""The `[model]` keys that describe the network's architecture, with their defaults for a
+model trained from scratch; with `init` they come from the initial model instead."""
+
+#: The prefix of `[model] init` (and of `[task] tokenizer`) naming a local Hugging Face
+#: directory.
+HF_PREFIX = "hf:"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The model (the `[model]` table): embedding, the Transformer IDE, a linear readout.
@@ -139,6 +162,8 @@ class ModelConfig:
       `"heun"`, ...) with controls smooth in depth (`itde.LegendreControls`, `n_modes`
       Legendre modes per parameter).
     - `dt`: the depth step; at most one layer (`"lie"`) or the depth $T$ (continuous).
+    - `n_modes`: the Legendre modes of a continuous model (default 2; with `init`, the
+      number of layers, which interpolates the initial network's layers).
     - `eps`: the LayerNorm $\\varepsilon$ (default 1e-5 for `"lie"`; a continuous scheme
       needs the exact projection, `eps = 0`, its default).
     - `block`: the block form of a `"lie"` network, a name of `itde.BLOCK_FORMS`:
@@ -146,25 +171,59 @@ class ModelConfig:
       `"parallel"`. Continuous schemes integrate the post-norm equation.
     - `final_norm`: a final LayerNorm after the last layer, before the readout (GPT-2's
       `ln_f`; with `block = "pre_norm"` the usual choice), `"lie"` only.
+    - `tie_embeddings`: the head is the token embedding, logits $= h E^\\top$ with no bias
+      (nanoGPT's and GPT-2's `lm_head`; default false: a separate readout $W$ and bias
+      $b$). One parameter with two uses: its gradient is the sum of both, it takes weight
+      decay and is sharded as the embedding always was; the model has
+      `vocab * (width + 1)` fewer parameters. Token tasks only (not `burgers`).
+    - `init`: `"hf:DIR"`, start from the Hugging Face causal language model saved in the
+      local directory `DIR` (`config.json` and its weights, e.g. by `save_pretrained`;
+      relative to the config file's folder), converted by `itde.from_hf` (default `""`:
+      a random initialisation). A key of the config, not a command-line flag, so that the
+      run's sidecar records it and `--resume` rebuilds the same model. The architecture
+      is the converted model's: `n_layers`, `n_features`, `n_heads`, `n_hidden`,
+      `activation`, `ffn_form`, `block`, `final_norm`, `tie_embeddings` and `eps` must be
+      left out. With `scheme = "lie"` the model is the converted network itself (exported
+      back with `itde.train.export_hf`, and written to `OUT/hf` when the run completes at
+      `dt = 1`); with a continuous scheme its per-layer controls become
+      `LegendreControls.from_layers(controls, n_modes)` (pre-norm and parallel models,
+      whose norms act inside the operators; a post-norm model is refused). Task `textlm`
+      only, with `[task] tokenizer` = the same `"hf:DIR"` (the directory's
+      `tokenizer.json`). See [`init_from_hf`][itde.train.init_from_hf].
     """
 
-    n_layers: int = 2
-    n_features: int = 32
-    n_heads: int = 4
-    n_hidden: int = 64
-    activation: str = "relu"
-    ffn_form: str = "residual"
+    n_layers: int | None = None
+    n_features: int | None = None
+    n_heads: int | None = None
+    n_hidden: int | None = None
+    activation: str | None = None
+    ffn_form: str | None = None
     scheme: str = "lie"
     dt: float = 1.0
     n_modes: int | None = None
     eps: float | None = None
-    block: str = "post_norm"
-    final_norm: bool = False
+    block: str | None = None
+    final_norm: bool | None = None
+    tie_embeddings: bool | None = None
+    init: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.init, str):
+            raise ConfigError(f"`model.init` must be a string such as 'hf:DIR', got {self.init!r}")
+        choices("model.scheme", self.scheme, SCHEMES)
+        positive("model.dt", self.dt)
+        if self.init:
+            self._check_init()
+            return
+        for key, default in ARCHITECTURE.items():
+            if getattr(self, key) is None:
+                _set(self, key, default)
         choices("model.block", self.block, tuple(BLOCK_FORMS))
-        if not isinstance(self.final_norm, bool):
-            raise ConfigError(f"`model.final_norm` must be true or false, got {self.final_norm!r}")
+        for key in ("final_norm", "tie_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(
+                    f"`model.{key}` must be true or false, got {getattr(self, key)!r}"
+                )
         if FFN_FORMS.get(self.ffn_form) and self.block != "post_norm":
             raise ConfigError(
                 f"`model.ffn_form`={self.ffn_form!r} is a form of the post-norm block; with "
@@ -177,7 +236,7 @@ class ModelConfig:
                 f"continuous scheme {self.scheme!r} integrates the post-norm equation without a "
                 "final norm: leave it unset"
             )
-        for name in ("n_layers", "n_features", "n_heads", "n_hidden", "dt"):
+        for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
             positive(f"model.{name}", getattr(self, name))
         if self.n_features % self.n_heads:
             raise ConfigError(
@@ -186,7 +245,6 @@ class ModelConfig:
             )
         choices("model.activation", self.activation, ACTIVATIONS)
         choices("model.ffn_form", self.ffn_form, tuple(FFN_FORMS))
-        choices("model.scheme", self.scheme, SCHEMES)
         limit = float(self.n_layers) if self.continuous else 1.0
         if self.dt > limit:
             raise ConfigError(
@@ -206,20 +264,51 @@ class ModelConfig:
                     f"{self.scheme!r} (it integrates on the exact constraint set S1)"
                 )
         else:
-            if self.n_modes is not None:
-                raise ConfigError(
-                    "`model.n_modes` applies to continuous-depth schemes only; the 'lie' "
-                    "scheme has one set of controls per layer"
-                )
+            self._refuse_modes()
             if self.eps is None:
                 _set(self, "eps", 1e-5)
             if not (math.isfinite(self.eps) and self.eps >= 0):
                 raise ConfigError(f"`model.eps` must be >= 0, got {self.eps!r}")
 
+    def _refuse_modes(self) -> None:
+        if self.n_modes is not None:
+            raise ConfigError(
+                "`model.n_modes` applies to continuous-depth schemes only; the 'lie' "
+                "scheme has one set of controls per layer"
+            )
+
+    def _check_init(self) -> None:
+        """`init = "hf:DIR"`: the architecture is the initial model's; only the depth
+        scheme, step and modes are this table's."""
+        if not self.init.startswith(HF_PREFIX) or not self.init[len(HF_PREFIX) :].strip():
+            raise ConfigError(
+                f"`model.init`={self.init!r} must be 'hf:DIR', a local directory holding a "
+                "Hugging Face causal language model (config.json and weights, as "
+                "`save_pretrained` writes them), or '' for a random initialisation"
+            )
+        given = [k for k in (*ARCHITECTURE, "eps") if getattr(self, k) is not None]
+        if given:
+            raise ConfigError(
+                f"`model.{given[0]}`={getattr(self, given[0])!r} is set, but with `model.init`="
+                f"{self.init!r} the architecture is the Hugging Face model's (its config.json): "
+                f"remove {', '.join(f'`model.{k}`' for k in given)}"
+            )
+        if not self.continuous:
+            self._refuse_modes()
+        elif self.n_modes is not None:
+            positive("model.n_modes", self.n_modes)
+        if not self.continuous and self.dt > 1.0:
+            raise ConfigError(f"`model.dt`={self.dt} is longer than a layer; choose 0 < dt <= 1")
+
     @property
     def continuous(self) -> bool:
         """Whether the model has controls smooth in depth (any scheme but `"lie"`)."""
         return self.scheme != "lie"
+
+    @property
+    def init_dir(self) -> Path | None:
+        """The Hugging Face directory of `init` (None: a random initialisation)."""
+        return Path(self.init[len(HF_PREFIX) :]) if self.init else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,6 +469,20 @@ class TrainExperiment:
     continuity: ContinuityConfig = dataclasses.field(default_factory=ContinuityConfig)
 
     def __post_init__(self):
+        m, t = self.model, self.task
+        if m.init and (t.name != "textlm" or t.tokenizer != m.init):
+            key, value = ("name", t.name) if t.name != "textlm" else ("tokenizer", t.tokenizer)
+            raise ConfigError(
+                f"`task.{key}`={value!r}: `model.init`={m.init!r} fine-tunes a Hugging Face "
+                "causal language model, which reads the token ids of its own tokenizer; set "
+                f'`name = "textlm"` and `tokenizer = "{m.init}"` in [task] (the directory\'s '
+                "tokenizer.json)"
+            )
+        if m.tie_embeddings and t.name == "burgers":
+            raise ConfigError(
+                "`model.tie_embeddings` = true ties the head to the token embedding; task "
+                "'burgers' lifts fields, it has no embedding: leave it false"
+            )
         c = self.continuity
         if not self.model.continuous and (c.consistency > 0 or c.transport > 0):
             key = "consistency" if c.consistency > 0 else "transport"
@@ -451,15 +554,32 @@ def load_config(cls: type, path: str | Path):
 
 
 def _relative_to(cfg: TrainExperiment, folder: Path) -> TrainExperiment:
-    """A config file's relative paths (`task.text_path`, `task.cache_dir`) read from the
-    file's folder, not the working directory: the same file works from anywhere. A
-    `"package:..."` path names a place in an installed package and is kept as it is."""
-    for key in ("text_path", "cache_dir"):
-        text = getattr(cfg.task, key)
+    """A config file's relative paths (`task.text_path`, `task.cache_dir`, the directory
+    of `model.init` and of an `"hf:DIR"` `task.tokenizer`) read from the file's folder,
+    not the working directory: the same file works from anywhere. A `"package:..."` path
+    names a place in an installed package and is kept as it is."""
+
+    def moved(text: str) -> str:
         if text and not Path(text).is_absolute() and not text.startswith("package:"):
-            task = dataclasses.replace(cfg.task, **{key: str(folder / text)})
-            cfg = dataclasses.replace(cfg, task=task)
-    return cfg
+            return str(folder / text)
+        return text
+
+    def moved_hf(text):
+        if isinstance(text, str) and text.startswith(HF_PREFIX):
+            return HF_PREFIX + moved(text[len(HF_PREFIX) :])
+        return text
+
+    task = {k: moved(getattr(cfg.task, k)) for k in ("text_path", "cache_dir")
+            if getattr(cfg.task, k)}  # fmt: skip
+    if cfg.task.tokenizer is not None:
+        task["tokenizer"] = moved_hf(cfg.task.tokenizer)
+    model = {"init": moved_hf(cfg.model.init)}
+    # one replace: `TrainExperiment` checks that the two directories agree
+    return TrainExperiment(**{
+        **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
+        "task": dataclasses.replace(cfg.task, **task),
+        "model": dataclasses.replace(cfg.model, **model),
+    })  # fmt: skip
 
 
 def to_dict(cfg) -> dict:

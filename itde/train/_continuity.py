@@ -35,7 +35,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._model import in_compute_dtype, integrate
+from ._model import in_compute_dtype, integrate, param_dtype
 
 __all__ = ["DepthRegularisation", "continuity_metrics", "regularised_loss", "transport_cost"]
 
@@ -89,7 +89,7 @@ def regularised_loss(model, batch, task, compute_dtype, reg: DepthRegularisation
     """The task's loss of `batch` plus the continuity terms of `reg` (one solve saving its
     path, and with consistency one more at half the step)."""
     x, y = batch
-    out_dtype = model.readout.dtype
+    out_dtype = param_dtype(model)
     m, x = in_compute_dtype(model, x, compute_dtype)
     u0 = m.initial_state(x)
     path = _path(m, u0, m.dt, steps=reg.transport > 0)

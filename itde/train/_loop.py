@@ -368,13 +368,40 @@ class Run:
         )
 
     def meta(self) -> dict:
-        return {
+        out = {
             "config": to_dict(self.cfg),
             "run_id": self.run_id,
             "data_key": np.asarray(jax.random.key_data(self.data_key)).tolist(),
             "data_key_impl": str(jax.random.key_impl(self.data_key)),
             "task": self.task.checkpoint_meta(),
         }
+        if self.cfg.model.init:
+            out["init"] = self.init_meta()
+        return out
+
+    def init_meta(self) -> dict:
+        """The Hugging Face directory of `[model] init` and the SHA-256 of its files
+        (computed once per run)."""
+        if getattr(self, "_init_meta", None) is None:
+            from ._finetune import fingerprint
+
+            path = self.cfg.model.init_dir
+            self._init_meta = {"path": str(path), "sha256": fingerprint(path)}
+        return self._init_meta
+
+    def check_init(self, meta: dict, directory) -> None:
+        """Raise if the Hugging Face directory a checkpoint's run started from has changed
+        since (resuming would not continue the same run)."""
+        if not self.cfg.model.init:
+            return
+        stored = (meta.get("init") or {}).get("sha256")
+        if stored != self.init_meta()["sha256"]:
+            raise ckpt.CheckpointError(
+                f"checkpoint {str(directory)!r} started from `model.init`={self.cfg.model.init!r}"
+                ", whose files (config.json, weights, tokenizer.json) have changed since (their "
+                "SHA-256 differs from the checkpoint's): resuming would not continue the same "
+                "run. Restore the directory, or start a new run (--overwrite / another --out)"
+            )
 
     def batch(self, step: int):
         """Training batch `step` of the stream, sharded over the mesh."""
@@ -431,7 +458,9 @@ def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=
     stored = from_dict(TrainExperiment, meta["config"], f"{directory}/{ckpt.SIDECAR}")
     if cfg is None:
         return stored, meta
-    diff = [k for k in differences(to_dict(cfg), meta["config"]) if k not in RESUMABLE_KEYS]
+    # against the stored config read again, so that a key added since (at its default)
+    # is no difference
+    diff = [k for k in differences(to_dict(cfg), to_dict(stored)) if k not in RESUMABLE_KEYS]
     if diff:
         raise ConfigError(
             f"{source}: cannot resume {str(directory)!r} with this config: it differs from the "
@@ -528,6 +557,7 @@ def _open(cfg, out, resume, devices, source, overwrite):
     run = Run(cfg, devices)
     check_batch(cfg.optim.batch_size, run.mesh.size, k=cfg.optim.accumulate)
     if resume is not None:
+        dist.on_main(lambda: run.check_init(meta, resume), errors=_ERRORS)
         model, opt_state, meta = run.restore(resume, meta)
         run.run_id = meta.get("run_id") or run.run_id  # checkpoints before run ids: a new one
         start, wall0 = int(meta["step"]), float(meta.get("wall_s", 0.0))
@@ -552,6 +582,12 @@ def _diverged(error, step: int, last: dict, cfg) -> FloatingPointError:
         f"(now {cfg.optim.lr:g}) or `optim.clip_norm` (now {cfg.optim.clip_norm:g}), or "
         f"lengthen `optim.warmup` (now {cfg.optim.warmup}); the last checkpoint is kept.{said}"
     )
+
+
+def _exportable(cfg) -> bool:
+    """A run started from a Hugging Face model that is still its per-layer network."""
+    m = cfg.model
+    return bool(m.init) and not m.continuous and m.dt == 1.0
 
 
 def _finish(out: Path, total: int, task, saved: bool) -> list[str]:
@@ -614,6 +650,10 @@ def train(
     - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
     - `on_eval`: called (on process 0) with each evaluated metrics row as it is logged, e.g.
       to print progress without a bar (`itde train --no-progress` prints one line each).
+
+    A run started from a Hugging Face model (`[model] init = "hf:DIR"`) that completes as
+    a per-layer network at `dt = 1` also writes the fine-tuned model to `out/hf`
+    ([`export_hf`][itde.train.export_hf]).
 
     **Returns:** a [`TrainResult`][itde.train.TrainResult].
     """
@@ -699,6 +739,12 @@ def train(
             break
     bar.close()
     files = _finish(out, total, run.task, saved) if is_main else []
+    if is_main and done >= total and _exportable(cfg):
+        from ._finetune import converted, lm_from_token_model, write_hf
+
+        lm = lm_from_token_model(shd.to_host(model), converted(cfg.model.init_dir))
+        hf = write_hf(lm, cfg.model.init_dir, out / "hf")
+        files += sorted(str(f) for f in hf.iterdir())
     return TrainResult(
         step=done,
         metrics=last,

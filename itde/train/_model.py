@@ -117,46 +117,74 @@ class TokenModel(eqx.Module):
     then `logits = u(T) W + b`. Call on one sequence of int tokens `[n]`, $n \le$ `context`;
     batch with `jax.vmap`.
 
-    - `embedding`: $E$, `[vocab, width]`; `position`: $P$, `[context, width]` (learned).
+    - `embedding`: $E$, `[vocab, width]`; `position`: $P$, `[positions, width]` (learned;
+      at least the task's context), or None where the equation carries the positions
+      itself (a converted Llama: RoPE inside its attention).
     - `ide`: the equation, a [`TransformerIDE`][itde.TransformerIDE] of depth $T$.
-    - `readout`: $W$, `[width, vocab]`; `readout_bias`: $b$, `[vocab]`.
+    - `readout`: $W$, `[width, vocab]`, or None for a head tied to the embedding
+      ($W = E^\top$, as nanoGPT and GPT-2: one parameter with two uses, whose gradient is
+      the sum of both; `[model] tie_embeddings`). `readout_bias`: $b$, `[vocab]`, or None
+      (no bias: a tied head has none, as nanoGPT's and GPT-2's `lm_head`).
     - `scheme`, `dt`: the depth integrator (a name of `itde.SCHEMES`) and its step."""
 
     embedding: Float[Array, "vocab width"] = kernel()
-    position: Float[Array, "context width"] = kernel()
+    position: Float[Array, "positions width"] | None = kernel()
     ide: TransformerIDE
-    readout: Float[Array, "width vocab"] = kernel()
-    readout_bias: Float[Array, " vocab"]
+    readout: Float[Array, "width vocab"] | None = kernel()
+    readout_bias: Float[Array, " vocab"] | None
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
 
-    def __call__(self, tokens: Int[Array, " n"]) -> Float[Array, "n vocab"]:
-        n = tokens.shape[-1]
-        if tokens.ndim != 1 or n > self.position.shape[0]:
+    def __check_init__(self):
+        if self.readout is not None and self.readout.shape[0] != self.embedding.shape[1]:
             raise ValueError(
-                f"`tokens` must be one sequence of at most {self.position.shape[0]} tokens "
-                f"(the context), got shape {tokens.shape}; batch with jax.vmap."
+                f"`readout` must be [width, vocab] with width {self.embedding.shape[1]} (the "
+                f"embedding's), got shape {self.readout.shape}."
             )
+
+    @property
+    def tied(self) -> bool:
+        """Whether the head is the token embedding ($W = E^\\top$)."""
+        return self.readout is None
+
+    @property
+    def dtype(self):
+        """The parameters' dtype (the embedding's)."""
+        return self.embedding.dtype
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest sequence the position table holds (None: no table, no limit)."""
+        return None if self.position is None else self.position.shape[0]
+
+    def _check_length(self, tokens, ndim: int, what: str) -> None:
+        n, most = tokens.shape[-1], self.max_tokens
+        if tokens.ndim != ndim or (most is not None and n > most):
+            raise ValueError(
+                f"`tokens` must be {what} of at most {most} tokens (the context), got shape "
+                f"{tokens.shape}" + ("; batch with jax.vmap." if ndim == 1 else ".")
+            )
+
+    def __call__(self, tokens: Int[Array, " n"]) -> Float[Array, "n vocab"]:
+        self._check_length(tokens, 1, "one sequence")
         return self._forward(tokens, batched=False)
 
     def batched(self, tokens: Int[Array, "batch n"]) -> Float[Array, "batch n vocab"]:
         """`jax.vmap(self)(tokens)` as one depth solve over the batch (cheaper backward)."""
-        n = tokens.shape[-1]
-        if tokens.ndim != 2 or n > self.position.shape[0]:
-            raise ValueError(
-                f"`tokens` must be a batch [batch, n] with n at most {self.position.shape[0]} "
-                f"(the context), got shape {tokens.shape}."
-            )
+        self._check_length(tokens, 2, "a batch [batch, n] with n")
         return self._forward(tokens, batched=True)
 
     def initial_state(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n width"]:
         """The initial condition $f$ of the equation for tokens (any leading axes)."""
-        return self.embedding[tokens] + self.position[: tokens.shape[-1]]
+        u = self.embedding[tokens]
+        return u if self.position is None else u + self.position[: tokens.shape[-1]]
 
     def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n vocab"]:
         """The logits from the solution $u(T)$ (any leading axes): the equation's output map
-        (its `final_norm`, if any) then the readout."""
-        return _output(self.ide, u) @ self.readout + self.readout_bias
+        (its `final_norm`, if any) then the readout ($E^\\top$ when tied)."""
+        h = _output(self.ide, u)
+        logits = h @ self.embedding.T if self.readout is None else h @ self.readout
+        return logits if self.readout_bias is None else logits + self.readout_bias
 
     def _forward(self, tokens, batched: bool):
         """Embed (any leading axes), solve in depth, read out."""
@@ -181,6 +209,11 @@ class FieldModel(eqx.Module):
     readout_bias: Float[Array, ""]
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
+
+    @property
+    def dtype(self):
+        """The parameters' dtype (the lift's)."""
+        return self.lift.dtype
 
     def __call__(self, u0: Float[Array, " n"]) -> Float[Array, " n"]:
         if u0.ndim != 1:
@@ -248,16 +281,22 @@ def init_token_model(
     key: PRNGKeyArray, m, *, vocab: int, context: int, causal: bool, dtype=jnp.float32
 ) -> TokenModel:
     """A [`TokenModel`][itde.train.TokenModel] for the `[model]` table `m`: `vocab` tokens,
-    sequences of at most `context`, causal (Volterra) attention or not, unit token grid."""
+    sequences of at most `context`, causal (Volterra) attention or not, unit token grid.
+    With `m.tie_embeddings` the head is the embedding (no readout, no bias) and the token
+    and position embeddings are drawn with standard deviation $1/\\sqrt{d}$ (else 1)."""
     k_ide, k_a, k_b, k_c = jax.random.split(key, 4)
     d = m.n_features
     ide = build_ide(k_ide, m, causal=causal, grid=Grid.unit(d), dtype=dtype)
+    tied = bool(getattr(m, "tie_embeddings", False))
+    # tied: E is also the head, so E and P start at GPT-2's scale (std 0.02 ~ 0.55/sqrt(d)
+    # at d = 768) instead of 1, which would make the first logits O(sqrt(d))
+    scale = 1 / math.sqrt(d) if tied else 1.0
     return TokenModel(
-        embedding=normal(k_a, (vocab, d), dtype),
-        position=normal(k_b, (context, d), dtype),
+        embedding=normal(k_a, (vocab, d), dtype) * jnp.asarray(scale, dtype),
+        position=normal(k_b, (context, d), dtype) * jnp.asarray(scale, dtype),
         ide=ide,
-        readout=_uniform(k_c, (d, vocab), 1 / math.sqrt(d), dtype),
-        readout_bias=jnp.zeros((vocab,), dtype),
+        readout=None if tied else _uniform(k_c, (d, vocab), 1 / math.sqrt(d), dtype),
+        readout_bias=None if tied else jnp.zeros((vocab,), dtype),
         scheme=m.scheme,
         dt=float(m.dt),
     )
@@ -317,11 +356,20 @@ def check_inputs(model, x) -> None:
         )
 
 
+def param_dtype(model):
+    """The dtype of a model's parameters: its `dtype` (`TokenModel`, `FieldModel`), else
+    that of its first floating-point array (any model with a `batched` method)."""
+    dtype = getattr(model, "dtype", None)
+    if dtype is None:
+        dtype = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))[0].dtype
+    return dtype
+
+
 def predict(model, x, compute_dtype=None):
     """The batched forward pass (one depth solve over the leading axis, equal to `jax.vmap`
     of the model), optionally in `compute_dtype`
     (parameters and inputs cast; the output cast back to the parameters' dtype)."""
-    out_dtype = model.readout.dtype
+    out_dtype = param_dtype(model)
     model, x = in_compute_dtype(model, x, compute_dtype)
     return model.batched(x).astype(out_dtype)
 
@@ -330,7 +378,7 @@ def in_compute_dtype(model, x, compute_dtype=None):
     """`(model, x)` checked and cast for a pass in `compute_dtype` (None, or the
     parameters' own dtype: unchanged); integer token ids stay integers."""
     check_inputs(model, x)
-    if compute_dtype is not None and compute_dtype != model.readout.dtype:
+    if compute_dtype is not None and compute_dtype != param_dtype(model):
         model = cast(model, compute_dtype)
         if jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(compute_dtype)

@@ -69,7 +69,7 @@ def _check(model, itos, prompt, length, temperature, seed, encode=None) -> dict[
 
 def sample_stream(
     model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0,
-    chunk: int = 256, encode=None,
+    chunk: int = 256, encode=None, context: int | None = None,
 ) -> Iterator[str]:  # fmt: skip
     """The `length` tokens drawn after `prompt`, yielded as text in pieces of at most
     `chunk` tokens as they are generated (the prompt itself is not yielded).
@@ -77,13 +77,14 @@ def sample_stream(
     Arguments as in [`sample`][itde.train.sample]; `chunk` is the number of tokens drawn by
     one call of the compiled generation loop; `encode`: text -> token ids, for a vocabulary
     of tokens longer than one character (e.g. `TextLM.encode` of a BPE task; default: one
-    token per character of `itos`)."""
+    token per character of `itos`); `context`: the window the model reads (default: its
+    position table's length, `model.max_tokens`)."""
     stoi = _check(model, itos, prompt, length, temperature, seed, encode)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"`chunk`={chunk!r} must be a positive integer.")
     start = prompt or ("\n" if "\n" in stoi else itos[0])
     ids = [stoi[c] for c in start] if encode is None else list(encode(start))
-    context = model.position.shape[0]
+    context = _context(model, context)
     tail = ids[-context:]
     window = np.zeros((context,), np.int32)
     window[: len(tail)] = tail
@@ -102,9 +103,28 @@ def sample_stream(
         done += n
 
 
+def _context(model, context):
+    most = model.max_tokens
+    if context is None:
+        if most is None:
+            raise ValueError(
+                "`context` is needed: this model has no position table to take the window "
+                "length from (its positions are inside the equation); pass e.g. the task's "
+                "`context`."
+            )
+        return most
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"`context`={context!r} must be a positive number of tokens.")
+    if most is not None and context > most:
+        raise ValueError(
+            f"`context`={context} is longer than the model's {most} positions; use at most {most}."
+        )
+    return context
+
+
 def sample(
     model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0,
-    encode=None,
+    encode=None, context: int | None = None,
 ):  # fmt: skip
     """`prompt` followed by `length` characters drawn from the model.
 
@@ -120,11 +140,10 @@ def sample(
     - `seed`: the sampling seed, an integer in $[0, 2^{32} - 1]$.
     - `encode`: text -> token ids where tokens are longer than one character (a BPE
       vocabulary: `TextLM.encode`); `length` then counts tokens.
+    - `context`: the window the model reads (default: `model.max_tokens`).
 
     **Returns:** the text, `prompt + generated`.
     """
-    return prompt + "".join(
-        sample_stream(
-            model, itos, prompt, length, temperature=temperature, seed=seed, encode=encode
-        )
-    )
+    stream = sample_stream(model, itos, prompt, length, temperature=temperature, seed=seed,
+                           encode=encode, context=context)  # fmt: skip
+    return prompt + "".join(stream)

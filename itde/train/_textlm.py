@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from .._config import ConfigError, positive
 from ..data import TokenCorpus, builtin_text_path, tokenizer_from_json
-from ..data._tokenizers import TOKENIZER_KINDS
+from ..data._tokenizers import HF_TOKENIZER, TOKENIZER_KINDS, HFTokenizer
 from ._model import cross_entropy, init_token_model
 from ._task import AbstractTask
 
@@ -25,7 +25,9 @@ class TextLM(AbstractTask):
 
     `[task]` keys: `text_path` (a file, a folder, or `"package:NAME/sub/path"`; empty = the
     built-in tiny text; relative to the config file), `text_glob` (the files of a folder),
-    `tokenizer` (`"char"` or `"bpe"`), `vocab_size` (BPE tokens; 0 for `"char"`),
+    `tokenizer` (`"char"`, `"bpe"`, or `"hf:DIR"`: a Hugging Face model directory's
+    `tokenizer.json`, as it is; required with `[model] init = "hf:DIR"`), `vocab_size`
+    (BPE tokens; 0 otherwise),
     `cache_dir` (where the encoded ids are kept; empty = `itde.data.default_cache_dir()`),
     `context`, `val_fraction` (the last fraction of the characters is validation).
 
@@ -62,6 +64,8 @@ class TextLM(AbstractTask):
         if self._corpus is not None:
             return self._corpus
         c = self.config
+        if c.tokenizer.startswith(HF_TOKENIZER):  # a missing tokenizer.json, named by its key
+            HFTokenizer.from_dir(c.tokenizer[len(HF_TOKENIZER) :], name="task.tokenizer")
         corpus = TokenCorpus.from_path(
             c.text_path or builtin_text_path(), tokenizer=c.tokenizer, vocab_size=c.vocab_size,
             val_fraction=c.val_fraction, glob=c.text_glob, cache_dir=c.cache_dir or None,
@@ -86,10 +90,19 @@ class TextLM(AbstractTask):
     @classmethod
     def check_options(cls, config) -> None:
         positive("task.context", config.context)
-        if config.tokenizer not in TOKENIZER_KINDS:
+        if config.tokenizer.startswith(HF_TOKENIZER):
+            if not config.tokenizer[len(HF_TOKENIZER) :].strip() or config.vocab_size:
+                raise ConfigError(
+                    f"`task.tokenizer`={config.tokenizer!r} (with `task.vocab_size`="
+                    f"{config.vocab_size}): 'hf:DIR' names a Hugging Face directory whose "
+                    "tokenizer.json is used as it is; give the directory and leave "
+                    "`task.vocab_size` out"
+                )
+        elif config.tokenizer not in TOKENIZER_KINDS:
             raise ConfigError(
                 f"`task.tokenizer`={config.tokenizer!r} is not known; choose one of "
-                f"{list(TOKENIZER_KINDS)} (characters, or byte-pair merges of characters)"
+                f"{list(TOKENIZER_KINDS)} (characters, or byte-pair merges of characters) or "
+                "'hf:DIR' (the tokenizer.json of a Hugging Face model's directory)"
             )
         if config.vocab_size < 0:
             raise ConfigError(f"`task.vocab_size` must be >= 0, got {config.vocab_size}")
@@ -161,6 +174,12 @@ class TextLM(AbstractTask):
         return self._read().batch(key, "val", n, self.config.context)
 
     def init_model(self, model_config, key, *, dtype=jnp.float32):
+        if model_config.init:  # the converted model: `key` draws nothing
+            from ._finetune import init_from_hf
+
+            return init_from_hf(
+                model_config, vocab=self.vocab, context=self.config.context, dtype=dtype
+            )
         return init_token_model(
             key, model_config, vocab=self.vocab, context=self.config.context, causal=True,
             dtype=dtype,

@@ -1,0 +1,38 @@
+"""`export_hf`: the fine-tuned model of a run started from a Hugging Face directory,
+written back as one (above `_load`, which `_finetune` must not import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._finetune import converted, lm_from_token_model, write_hf
+from ._load import load
+
+__all__ = ["export_hf"]
+
+
+def export_hf(directory, out=None) -> Path:
+    """Write the fine-tuned model of an `itde train` run whose config has
+    `[model] init = "hf:DIR"` as a Hugging Face directory: `save_pretrained` of the source
+    class ([`itde.to_hf`][itde.interop.to_hf]) plus the tokenizer files of `DIR`, so that
+    `AutoModelForCausalLM.from_pretrained(out)` gives the itde model's logits (to float32
+    round-off) and `AutoTokenizer.from_pretrained(out)` its tokenizer.
+
+    **Arguments:**
+
+    - `directory`: the run's output directory (it holds `checkpoint.json`).
+    - `out`: where to write (default `directory/hf`).
+
+    **Returns:** the path written. **Raises** `ValueError` for a run not started from a
+    Hugging Face model, or one that cannot be written back (controls smooth in depth, or a
+    depth step other than one layer).
+    """
+    model, cfg, _ = load(directory)
+    if not cfg.model.init:
+        raise ValueError(
+            f"`directory`={str(directory)!r} holds a run trained from scratch (`model.init` "
+            "is empty); only a model started from a Hugging Face directory has a class to "
+            "be written back into."
+        )
+    lm = lm_from_token_model(model, converted(cfg.model.init_dir))
+    return write_hf(lm, cfg.model.init_dir, Path(directory) / "hf" if out is None else out)

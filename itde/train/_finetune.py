@@ -1,0 +1,245 @@
+r"""Fine-tuning a Hugging Face causal language model with `itde train`, and writing it back.
+
+`[model] init = "hf:DIR"` starts a `textlm` run from the model saved in the local
+directory `DIR` (`config.json` and its weights, as `save_pretrained` writes them; nothing
+is downloaded), read in float32 and converted by [`itde.from_hf`][itde.from_hf]: its
+token (and learned position) embeddings become the [`TokenModel`][itde.train.TokenModel]'s
+`embedding` and `position`, its layers and final norm the equation, its head the readout
+(a tied head stays tied: `readout = None`). `[task] tokenizer = "hf:DIR"` encodes the text
+with the directory's own `tokenizer.json`, so the token ids are the model's.
+
+**Per layer** (`scheme = "lie"`, `dt = 1`) the model *is* the converted network: its step-0
+logits are Hugging Face's to float32 round-off, and [`export_hf`][itde.train.export_hf]
+(run automatically into `OUT/hf` when such a run completes) writes the fine-tuned weights
+back into the source class with [`itde.to_hf`][itde.interop.to_hf], with the tokenizer
+files beside them, for `AutoModelForCausalLM.from_pretrained`.
+
+**Smooth in depth** (`scheme = "rk4"`, `"strang"`, ... with `n_modes`): the per-layer
+controls become `LegendreControls.from_layers(controls, n_modes, block=...)`, a Legendre
+series in depth fitted through the layers at the depths the Lie scheme reads them. With
+`n_modes` = the number of layers it interpolates: solved by `"lie"` at `dt = 1`
+(`itde.train.with_depth(model, "lie", 1.0)`) it is the network, to round-off; the
+training scheme starts from the continuum limit of that interpolant instead, at a
+distance from the network that the run's first evaluation shows. Only models whose norms
+act inside the operators (pre-norm, parallel: GPT-2, Llama, Mistral, Qwen2, NeoX) are
+their own continuum form (`itde.fold_norms`); a post-norm model's LayerNorm gains are not
+projections and would need its continuum form's extra fields, so it is refused. A smooth
+model has no layers to write back: `export_hf` refuses it.
+
+**Resuming.** The run's config records `init`, and its checkpoints the SHA-256 of the
+directory's `config.json`, weights and `tokenizer.json`: `--resume` refuses a directory
+that changed. `itde.train.load`, `itde eval` and `itde sample` read the directory's model
+again for its structure (the checkpoint's arrays replace its weights), so it must stay
+where the config says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from .._controls import LegendreControls, PiecewiseConstant
+from ._model import TokenModel, check_depth
+
+__all__ = ["init_from_hf", "lm_from_token_model", "token_model_from_lm", "write_hf"]
+
+_WEIGHTS = ("*.safetensors", "*.bin")
+#: Tokenizer files copied next to an exported model, where the source directory has them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
+
+
+def _files(path: Path) -> list[Path]:
+    """The files that define the model of a Hugging Face directory (sorted)."""
+    found = [path / "config.json", path / "tokenizer.json"]
+    for pattern in _WEIGHTS:
+        found += sorted(path.glob(pattern))
+    return [f for f in found if f.is_file()]
+
+
+def check_dir(path: Path, name: str = "model.init") -> Path:
+    """Raise naming `name` unless `path` is a directory with a `config.json` and weights."""
+    fix = "save the model there with `model.save_pretrained(DIR)` (config.json and weights)"
+    if not path.is_dir():
+        raise ValueError(f"`{name}`='hf:{path}' is not a directory; {fix}.")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"`{name}`='hf:{path}' holds no config.json; {fix}.")
+    if not any(any(path.glob(p)) for p in _WEIGHTS):
+        raise ValueError(f"`{name}`='hf:{path}' holds no weights (*.safetensors or *.bin); {fix}.")
+    return path
+
+
+def fingerprint(path: Path) -> str:
+    """The SHA-256 of the directory's `config.json`, weights and `tokenizer.json` (names and
+    contents): a checkpoint records it, and `--resume` refuses a directory that changed."""
+    digest = hashlib.sha256()
+    for f in _files(path):
+        digest.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(path: Path) -> tuple:
+    return tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _files(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _converted(path: str, stamp: tuple):
+    import torch
+    import transformers
+
+    from ..interop import from_hf
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, torch_dtype=torch.float32, local_files_only=True
+    )
+    return from_hf(model.eval())
+
+
+def converted(path: str | Path, name: str = "model.init"):
+    """The [`HFCausalLM`][itde.HFCausalLM] of the Hugging Face directory `path`, in float32
+    (read once per state of its files)."""
+    path = check_dir(Path(path), name)
+    try:
+        return _converted(str(path.resolve()), _stamp(path))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"`{name}`='hf:{path}': {e}") from None
+
+
+def hf_dims(path: str | Path) -> dict[str, int]:
+    """`n_layers`, `n_features`, `n_heads`, `n_hidden` of the model in `path` (from its
+    `config.json`), for the memory estimate made before a run starts."""
+    import transformers
+
+    c = transformers.AutoConfig.from_pretrained(str(check_dir(Path(path))),
+                                                local_files_only=True)  # fmt: skip
+    d = int(c.hidden_size)
+    hidden = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * d
+    return {"n_layers": int(c.num_hidden_layers), "n_features": d,
+            "n_heads": int(c.num_attention_heads), "n_hidden": int(hidden)}  # fmt: skip
+
+
+def token_model_from_lm(lm, m, *, vocab: int, context: int, name: str = "model.init"):
+    """The [`TokenModel`][itde.train.TokenModel] of a converted causal LM `lm` for the
+    `[model]` table `m` (its `scheme`, `dt`, `n_modes`): the same embeddings, equation and
+    head, per layer (`"lie"`) or through `LegendreControls.from_layers` (continuous).
+
+    `vocab`: the tokenizer's size (at most the model's rows); `context`: the task's window
+    (at most the model's positions). `name` is the key named in errors."""
+    from ..interop._positions import AbsolutePositions, NoPositions
+
+    base = lm.base
+    what = f"`{name}`={m.init!r} ({base.source})"
+    if (
+        base.embedding_norm is not None
+        or base.token_type_embeddings is not None
+        or (base.embedding_scale is not None)
+    ):
+        raise ValueError(
+            f"{what} embeds tokens with a norm, token types or a scale, which itde train's "
+            "TokenModel (token plus learned position embeddings) does not; fine-tune the "
+            "converted model with itde.from_hf and your own loop instead."
+        )
+    if not isinstance(base.positions, AbsolutePositions | NoPositions):
+        raise ValueError(
+            f"{what} counts positions with {type(base.positions).__name__}, which itde "
+            "train's TokenModel does not (absolute positions 0..n-1, or none)."
+        )
+    rows = base.word_embeddings.shape[0]
+    if vocab > rows:
+        raise ValueError(
+            f"{what} has {rows} token embeddings but its tokenizer (`task.tokenizer`) has "
+            f"{vocab} tokens; save the model's own tokenizer in the directory."
+        )
+    most = base.max_tokens
+    if most is not None and context > most:
+        raise ValueError(
+            f"`task.context`={context} is longer than the {most} positions of {what}; "
+            f"choose task.context <= {most}."
+        )
+    ide = base.equation
+    if m.continuous:
+        if ide.block.has_constraint:
+            raise ValueError(
+                f"{what} is a post-norm network: its LayerNorm gains are not projections, so "
+                "its layers are not one equation's controls (itde.continuum_form would move "
+                f"them into extra fields); `model.scheme`={m.scheme!r} cannot start from it. "
+                "Fine-tune it per layer (scheme = 'lie')."
+            )
+        L = ide.controls.n_layers
+        n_modes = L if m.n_modes is None else m.n_modes
+        if not 1 <= n_modes <= L:
+            raise ValueError(
+                f"`model.n_modes`={n_modes} must be between 1 and the {L} layers of {what} "
+                f"(n_modes = {L} interpolates them)."
+            )
+        ide = dataclasses.replace(
+            ide, controls=LegendreControls.from_layers(ide.controls, n_modes, block=ide.block)
+        )
+    check_depth(ide, m.scheme, float(m.dt), name="model.dt")
+    return TokenModel(
+        embedding=base.word_embeddings,
+        position=base.position_embeddings,
+        ide=ide,
+        readout=None if lm.head is None else lm.head.T,
+        readout_bias=lm.head_bias,
+        scheme=m.scheme,
+        dt=float(m.dt),
+    )
+
+
+def init_from_hf(m, *, vocab: int, context: int, dtype=jnp.float32) -> TokenModel:
+    """The initial [`TokenModel`][itde.train.TokenModel] of `[model] init = "hf:DIR"`: the
+    Hugging Face model of `DIR` converted (float32, cast to `dtype`) and put in the form of
+    the `[model]` table `m` ([`token_model_from_lm`][itde.train.token_model_from_lm])."""
+    from ._model import cast
+
+    lm = converted(m.init_dir)
+    return cast(token_model_from_lm(lm, m, vocab=vocab, context=context), dtype)
+
+
+def lm_from_token_model(model: TokenModel, template):
+    """The [`HFCausalLM`][itde.HFCausalLM] `template` (the converted source model) with the
+    weights of the per-layer `model` built from it: what `to_hf` writes back."""
+    if not isinstance(model.ide.controls, PiecewiseConstant) or model.scheme != "lie":
+        raise ValueError(
+            f"the model has controls smooth in depth (scheme {model.scheme!r}); a Hugging "
+            "Face model is a per-layer network, so it has no layers to write. Fine-tune with "
+            "`model.scheme` = 'lie' to export (or sample its controls at the layers "
+            "yourself: `model.ide.controls` is an itde.LegendreControls)."
+        )
+    if model.dt != 1.0:
+        raise ValueError(
+            f"the model was trained with `model.dt`={model.dt:g}: each layer split into "
+            f"{1 / model.dt:g} steps is another network than the Hugging Face class computes "
+            "(one step per layer); fine-tune with dt = 1 to export."
+        )
+    if (template.head is None) != model.tied:
+        raise ValueError("the model's head is tied where the source model's is not (or the "
+                         "reverse); it was not built from this source model.")  # fmt: skip
+    base = dataclasses.replace(
+        template.base,
+        word_embeddings=model.embedding,
+        position_embeddings=model.position,
+        equation=model.ide,
+    )
+    head = None if model.readout is None else model.readout.T
+    return dataclasses.replace(template, base=base, head=head, head_bias=model.readout_bias)
+
+
+def write_hf(lm, source: Path, out) -> Path:
+    """`lm.to_hf().save_pretrained(out)` and the tokenizer files of `source` copied in."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lm.to_hf().save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copyfile(Path(source) / name, out / name)
+    return out
