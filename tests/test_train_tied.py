@@ -46,6 +46,8 @@ def tied_run():
 GRAD = eqx.filter_jit(eqx.filter_value_and_grad(loss_fn))
 
 
+@pytest.mark.slow  # two gradient compilations; by default the PyTorch test below checks
+# the embedding's gradient against autograd's sum of both uses
 def test_tied_gradient_is_the_sum_of_both_uses(tied_run):
     """d/dE of the tied loss = d/dE + (d/dW)^T of the untied model with W = E^T."""
     run, tied = tied_run
@@ -108,7 +110,7 @@ def test_tied_pre_ln_model_equals_a_pytorch_gpt_with_a_tied_head(tied_run):
     causal = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
     logits = net(torch.from_numpy(x.copy()).long(), causal)
     loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).long().reshape(-1)
+        logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y.copy()).long().reshape(-1)
     )
     loss.backward()
     ours, grad = GRAD(model, (jnp.asarray(x), jnp.asarray(y)), run.task)
@@ -116,6 +118,8 @@ def test_tied_pre_ln_model_equals_a_pytorch_gpt_with_a_tied_head(tied_run):
     np.testing.assert_allclose(grad.embedding, net.wte.weight.grad.numpy(), rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow  # by default test_train_finetune's GPT-2 run (a tied head) trains,
+# resumes bit for bit, loads and exports; test_train_resume covers resume itself
 def test_tied_model_trains_saves_resumes_and_loads(tmp_path):
     cfg = _cfg()
     whole = train(cfg, out=tmp_path / "whole")
@@ -131,6 +135,8 @@ def test_tied_model_trains_saves_resumes_and_loads(tmp_path):
     assert np.isfinite(whole.metrics["eval_nats_per_char"])
 
 
+@pytest.mark.slow  # a training compilation; by default test_train_finetune's tied GPT-2
+# learns, and the PyTorch test above checks the tied loss and gradient
 def test_tied_model_learns():
     """The loss of a fixed batch goes down over a few steps."""
     cfg = _cfg()
