@@ -103,9 +103,9 @@ from itde.train import (
 from itde.train._model import _output, cross_entropy, integrate
 
 FULL = dict(n_layers=4, n_heads=4, width=128, context=64, batch=12, steps=2000, eval_every=250,
-            eval_windows=240, chunk=50, warmup=100, calibrate=20, refine=8)  # fmt: skip
+            eval_windows=240, chunk=50, warmup=100, calibrate=10, rounds=4, refine=8)  # fmt: skip
 TINY = dict(n_layers=2, n_heads=2, width=32, context=16, batch=4, steps=12, eval_every=6,
-            eval_windows=8, chunk=3, warmup=3, calibrate=2, refine=4)  # fmt: skip
+            eval_windows=8, chunk=3, warmup=3, calibrate=1, rounds=2, refine=4)  # fmt: skip
 OPTIM = dict(lr=1e-3, final_lr=1e-4, b1=0.9, b2=0.99, weight_decay=0.1, clip=1.0)
 
 
@@ -330,11 +330,16 @@ def n_trained(model) -> int:
 
 
 def run_variant(init: ItdeGPT, name: str, spec: dict, s: dict, windows, chunks,
-                budget_s: float, log=print) -> dict:  # fmt: skip
-    """Train the variant `name` from the GPT `init` for the number of steps that fits in
-    `budget_s` (the discrete itde's training time in this run): its step time is measured
-    on `s["calibrate"]` steps of a throw-away copy, then it trains afresh with the same
-    schedule shape (warm-up, cosine to 1e-4 at its last step) on the same token stream."""
+                discrete, log=print) -> dict:  # fmt: skip
+    """Train the variant `name` from the GPT `init` for the discrete itde's wall time.
+
+    `discrete = (step, model, opt_state)` is the discrete itde's training step and state.
+    Equal wall time is a ratio measured in the same conditions, since the machine's load
+    drifts: `s["rounds"]` rounds alternate `s["calibrate"]` steps of a throw-away copy of
+    the variant with as many steps of the discrete model (their results discarded); the
+    variant then trains afresh, on the same token stream, for `s["steps"]` / (its step time
+    over the discrete one) steps, with the same schedule shape (warm-up, then the cosine
+    to 1e-4 at its own last step)."""
     model = smooth(init, spec["scheme"], spec["dt"])
     reg = DepthRegularisation(consistency=spec.get("consistency", 0.0),
                               transport=spec.get("transport", 0.0))  # fmt: skip
@@ -348,17 +353,31 @@ def run_variant(init: ItdeGPT, name: str, spec: dict, s: dict, windows, chunks,
         step = make_step(optimizer, NextToken(), regularisation=reg)
         return model, optimizer.init(eqx.filter(model, eqx.is_inexact_array)), step
 
-    # calibration: the step time of this variant now, on a copy that is thrown away
+    def timed(step, m, st, first):
+        t0 = time.perf_counter()
+        for i in range(first, first + s["calibrate"]):
+            m, st, loss = step(m, st, batch(i))
+        float(loss)
+        return time.perf_counter() - t0, m, st
+
     m, st, step = fresh(s["steps"])
-    m, st, loss = step(m, st, batch(0))
+    m, st, loss = step(m, st, batch(0))  # compiled here, not timed
     float(loss)
-    t0 = time.perf_counter()
-    for i in range(1, 1 + s["calibrate"]):
-        m, st, loss = step(m, st, batch(i))
-    float(loss)
-    calibrated = (time.perf_counter() - t0) / s["calibrate"]
+    d_step, d_m, d_st = discrete
+    took = {"variant": 0.0, "discrete": 0.0}
+    for r in range(s["rounds"]):
+        first = 1 + r * s["calibrate"]
+        order = [("variant", step, m, st), ("discrete", d_step, d_m, d_st)]
+        for who, fn, mm, ss in order if r % 2 == 0 else order[::-1]:
+            t, mm, ss = timed(fn, mm, ss, first)
+            took[who] += t
+            if who == "variant":
+                m, st = mm, ss
+            else:
+                d_m, d_st = mm, ss
+    ratio = took["variant"] / took["discrete"]
     # at least warm-up + 2 steps (only a tiny run's budget is that short)
-    steps = max(s["warmup"] + 2, min(s["steps"], int(budget_s / calibrated)))
+    steps = max(s["warmup"] + 2, min(s["steps"], int(s["steps"] / ratio)))
 
     m, st, step = fresh(steps)
     evals = [dict(step=0, val=itde_val(m, chunks),
@@ -385,14 +404,15 @@ def run_variant(init: ItdeGPT, name: str, spec: dict, s: dict, windows, chunks,
     step_s = train_s / max(steps - 1, 1)
     return {
         "name": name, **spec, "params": n_trained(m), "steps": steps,
-        "calibrated_step_s": calibrated, "step_s": step_s, "first_step_s": first_s,
-        "train_s": step_s * steps, "budget_s": budget_s,
-        "wall_ratio": step_s * steps / budget_s, "evals": evals,
+        "step_ratio_to_discrete": ratio, "calibration_s": took,
+        "step_s": step_s, "first_step_s": first_s, "train_s": step_s * steps,
+        "evals": evals,
     }  # fmt: skip
 
 
 # ----------------------------------------------------------------------- one seed
-def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), log=print) -> dict:
+def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), with_torch=True,
+             log=print) -> dict:  # fmt: skip
     B, T, steps = s["batch"], s["context"], s["steps"]
     key = jax.random.key(seed)
     # the token stream, drawn once and fed to both: batch i is windows[i]
@@ -431,55 +451,65 @@ def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), log=print) ->
             loss = torch_step(net, opt, sched, w[:, :-1], w[:, 1:])
         return float(loss.detach())
 
-    evals = [{"step": 0, "itde": itde_val(model, chunks), "torch": torch_val(net, chunks)}]
+    def vals():
+        return {"itde": itde_val(model, chunks),
+                "torch": torch_val(net, chunks) if with_torch else None}  # fmt: skip
+
+    evals = [{"step": 0, **vals()}]
     t0 = time.perf_counter()
     itde_steps(0, 1)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    torch_steps(0, 1)
+    if with_torch:
+        torch_steps(0, 1)
     torch_first_s = time.perf_counter() - t0
     times = {"itde": 0.0, "torch": 0.0}
     chunk_ratios, timed, done, n_chunk = [], 0, 1, 0
     while done < steps:
         nxt = min((done // s["chunk"] + 1) * s["chunk"],
                   (done // s["eval_every"] + 1) * s["eval_every"], steps)  # fmt: skip
-        order = (("itde", itde_steps), ("torch", torch_steps))
+        order = (("itde", itde_steps), ("torch", torch_steps))[: 2 if with_torch else 1]
         took = {}
         for name, fn in order if n_chunk % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             fn(done, nxt)  # float(loss): waits for the chunk's last step
             took[name] = time.perf_counter() - t0
             times[name] += took[name]
-        chunk_ratios.append(took["itde"] / took["torch"])
+        if with_torch:
+            chunk_ratios.append(took["itde"] / took["torch"])
         timed += nxt - done
         done, n_chunk = nxt, n_chunk + 1
         if done % s["eval_every"] == 0 or done == steps:
-            row = {"step": done, "itde": itde_val(model, chunks), "torch": torch_val(net, chunks)}
+            row = {"step": done, **vals()}
             evals.append(row)
+            ms = {k: 1e3 * v / timed for k, v in times.items()}
             log(f"  seed {seed} step {done:>5}: val itde {row['itde']:.4f}  torch "
-                f"{row['torch']:.4f}  (step ms so far: itde {1e3 * times['itde'] / timed:.2f}, "
-                f"torch {1e3 * times['torch'] / timed:.2f})")  # fmt: skip
+                f"{row['torch'] or float('nan'):.4f}  (step ms so far: itde "
+                f"{ms['itde']:.2f}, torch {ms['torch']:.2f})")  # fmt: skip
     step_s = {k: v / timed for k, v in times.items()}
-    budget_s = step_s["itde"] * steps  # the discrete itde's training time, compile apart
     torch.manual_seed(seed)  # the same initial network as the pair's
     init = itde_from_gpt(GPT(corpus.vocab_size, T, s["width"], s["n_layers"], s["n_heads"]))
-    runs = [run_variant(init, v, VARIANTS[v], s, windows, chunks, budget_s, log)
-            for v in variants]  # fmt: skip
-    return {
+    runs = [run_variant(init, v, VARIANTS[v], s, windows, chunks, (step_fn, model, opt_state),
+                        log) for v in variants]  # fmt: skip
+    result = {
         "seed": seed,
         "params": n_trained(model),
         "variants": runs,
         "initial_max_abs_logit_diff": init_diff,
         "evals": evals,
         "itde_first_step_s": compile_s,
-        "torch_first_step_s": torch_first_s,
         "timed_steps": timed,
-        "step_s": step_s,
-        "ratio_itde_over_torch": step_s["itde"] / step_s["torch"],
-        "ratio_median_of_chunks": statistics.median(chunk_ratios),
-        "chunks": len(chunk_ratios),
-        "tokens_per_s": {k: B * T / v for k, v in step_s.items()},
+        "step_s": {"itde": step_s["itde"]},
+        "tokens_per_s": {"itde": B * T / step_s["itde"]},
     }
+    if with_torch:
+        result["torch_first_step_s"] = torch_first_s
+        result["step_s"]["torch"] = step_s["torch"]
+        result["tokens_per_s"]["torch"] = B * T / step_s["torch"]
+        result["ratio_itde_over_torch"] = step_s["itde"] / step_s["torch"]
+        result["ratio_median_of_chunks"] = statistics.median(chunk_ratios)
+        result["chunks"] = len(chunk_ratios)
+    return result
 
 
 def main(argv=None) -> dict:
@@ -503,12 +533,22 @@ def main(argv=None) -> dict:
         help="continuous-depth variants trained for the discrete itde's time "
         "(default: all; none with an empty list)",
     )
-    ap.add_argument("--calibrate", type=int, help="steps timing each variant (default 20)")
+    ap.add_argument(
+        "--calibrate",
+        type=int,
+        help="steps per round timing a variant against the discrete step (default 10)",
+    )
+    ap.add_argument("--rounds", type=int, help="timing rounds per variant (default 4)")
+    ap.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="train itde alone (the variants' baseline is the discrete itde)",
+    )
     ap.add_argument("--tiny", action="store_true", help="a tiny GPT on the built-in text")
     ap.add_argument("--out", default="runs/bench_nanogpt")
     a = ap.parse_args(argv)
     s = dict(TINY if a.tiny else FULL)
-    for k in ("steps", "eval_every", "eval_windows", "chunk", "warmup", "calibrate"):
+    for k in ("steps", "eval_every", "eval_windows", "chunk", "warmup", "calibrate", "rounds"):
         v = getattr(a, k)
         if v is not None:
             if v < 1:
@@ -531,15 +571,16 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for seed in seeds:
-        runs.append(run_seed(corpus, s, seed, variants))
+        runs.append(run_seed(corpus, s, seed, variants, with_torch=not a.no_torch))
         (out / "bench_nanogpt.partial.json").write_text(json.dumps(runs, indent=2))
-    finals = {k: [r["evals"][-1][k] for r in runs] for k in ("itde", "torch")}
+    frameworks = ("itde",) if a.no_torch else ("itde", "torch")
+    finals = {k: [r["evals"][-1][k] for r in runs] for k in frameworks}
     result = {
         "tiny": a.tiny,
         "shape": {k: s[k] for k in ("n_layers", "n_heads", "width", "context", "batch")},
         "steps": s["steps"], "eval_every": s["eval_every"], "eval_windows": s["eval_windows"],
         "chunk": s["chunk"], "optim": {**OPTIM, "warmup": s["warmup"]},
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "with_torch": not a.no_torch,
         "corpus": {"source": str(text), "glob": a.glob, "train_tokens": len(corpus.train),
                    "val_tokens": len(corpus.val), "vocab": corpus.vocab_size,
                    "sha256": corpus.sha256},
@@ -547,43 +588,43 @@ def main(argv=None) -> dict:
         "final_val": {k: {"mean": statistics.mean(v),
                           "std": statistics.stdev(v) if len(v) > 1 else 0.0}
                       for k, v in finals.items()},
-        "ratio_itde_over_torch": [r["ratio_itde_over_torch"] for r in runs],
-        "variants": {v: {**{k: x for k, x in VARIANTS[v].items()},
+        "variants": {v: {**VARIANTS[v],
                          "final_val": [r["variants"][i]["evals"][-1]["val"] for r in runs],
                          "steps": [r["variants"][i]["steps"] for r in runs],
-                         "wall_ratio": [r["variants"][i]["wall_ratio"] for r in runs],
+                         "step_ratio_to_discrete":
+                             [r["variants"][i]["step_ratio_to_discrete"] for r in runs],
                          "distance": [r["variants"][i]["evals"][-1]["eval_continuum_distance"]
                                       for r in runs]}
                      for i, v in enumerate(variants)},
     }  # fmt: skip
-    heads = [(f"itde s{r['seed']}", f"torch s{r['seed']}") for r in runs]
-    print(f"{'step':>6}" + "".join(f"{i:>10}{t:>10}" for i, t in heads))
+    if not a.no_torch:
+        result["ratio_itde_over_torch"] = [r["ratio_itde_over_torch"] for r in runs]
+    heads = [f"{k} s{r['seed']}" for r in runs for k in frameworks]
+    print(f"{'step':>6}" + "".join(f"{h:>10}" for h in heads))
     for i, row in enumerate(runs[0]["evals"]):
-        cells = [(r["evals"][i]["itde"], r["evals"][i]["torch"]) for r in runs]
-        print(f"{row['step']:>6}" + "".join(f"{i:>10.4f}{t:>10.4f}" for i, t in cells))
+        cells = [r["evals"][i][k] for r in runs for k in frameworks]
+        print(f"{row['step']:>6}" + "".join(f"{c:>10.4f}" for c in cells))
     for r in runs:
-        print(f"seed {r['seed']}: step ms itde {1e3 * r['step_s']['itde']:.2f}, torch "
-              f"{1e3 * r['step_s']['torch']:.2f}, ratio itde/torch "
-              f"{r['ratio_itde_over_torch']:.3f} (median of {r['chunks']} chunks "
-              f"{r['ratio_median_of_chunks']:.3f}); tokens/s itde "
-              f"{r['tokens_per_s']['itde']:,.0f}, torch {r['tokens_per_s']['torch']:,.0f}; "
-              f"itde first step {r['itde_first_step_s']:.1f} s; initial max |logit diff| "
+        line = f"seed {r['seed']}: step ms itde {1e3 * r['step_s']['itde']:.2f}"
+        if not a.no_torch:
+            line += (f", torch {1e3 * r['step_s']['torch']:.2f}, ratio itde/torch "
+                     f"{r['ratio_itde_over_torch']:.3f} (median of {r['chunks']} chunks "
+                     f"{r['ratio_median_of_chunks']:.3f}); tokens/s torch "
+                     f"{r['tokens_per_s']['torch']:,.0f}")  # fmt: skip
+        print(line + f"; tokens/s itde {r['tokens_per_s']['itde']:,.0f}; itde first step "
+              f"{r['itde_first_step_s']:.1f} s; initial max |logit diff| "
               f"{r['initial_max_abs_logit_diff']:.1e}")  # fmt: skip
     if variants:
-        print(
-            f"continuous variants, each trained for the discrete itde's time (refined solve "
-            f"at dt/{s['refine']}); params: discrete {runs[0]['params']:,}"
-        )
-        heads = [(f"s{r['seed']} steps", "val", "dist", "wall") for r in runs]
-        print(
-            f"{'variant':<18}{'params':>9}"
-            + "".join(f"{a:>10}{b:>8}{c:>8}{d:>6}" for a, b, c, d in heads)
-        )
+        print(f"continuous variants at the discrete itde's wall time (params "
+              f"{runs[0]['params']:,}; distance: to the solve at dt/{s['refine']})")  # fmt: skip
+        heads = [(f"s{r['seed']} steps", "cost", "val", "dist") for r in runs]
+        print(f"{'variant':<18}{'params':>9}"
+              + "".join(f"{a:>10}{b:>6}{c:>8}{d:>8}" for a, b, c, d in heads))  # fmt: skip
         for i, v in enumerate(variants):
             cells = [r["variants"][i] for r in runs]
             print(f"{v:<18}{cells[0]['params']:>9,}" + "".join(
-                f"{c['steps']:>10}{c['evals'][-1]['val']:>8.4f}"
-                f"{c['evals'][-1]['eval_continuum_distance']:>8.3f}{c['wall_ratio']:>6.2f}"
+                f"{c['steps']:>10}{c['step_ratio_to_discrete']:>6.2f}"
+                f"{c['evals'][-1]['val']:>8.4f}{c['evals'][-1]['eval_continuum_distance']:>8.3f}"
                 for c in cells))  # fmt: skip
     (out / "bench_nanogpt.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {out / 'bench_nanogpt.json'}")

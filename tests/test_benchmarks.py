@@ -162,8 +162,9 @@ def test_nanogpt_benchmark_tiny_variants(tmp_path):
     training compilations per variant); the default counterpart is
     `test_nanogpt_continuous_variants_start_from_the_same_network`."""
     b = _bench_nanogpt()
-    r = b.main(["--tiny", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
+    r = b.main(["--tiny", "--no-torch", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
     (run,) = r["seeds"]
+    assert "torch" not in run["step_s"] and run["evals"][-1]["torch"] is None
     names = [v["name"] for v in run["variants"]]
     assert names == list(b.VARIANTS)
     for v in run["variants"]:
@@ -171,6 +172,9 @@ def test_nanogpt_benchmark_tiny_variants(tmp_path):
         assert v["steps"] >= 5 and [e["step"] for e in v["evals"]][0] == 0
         assert v["evals"][-1]["step"] == v["steps"]
         assert v["train_s"] == pytest.approx(v["step_s"] * v["steps"])
+        ratio = v["calibration_s"]["variant"] / v["calibration_s"]["discrete"]
+        assert v["step_ratio_to_discrete"] == pytest.approx(ratio)
+        assert v["steps"] == max(5, min(12, int(12 / ratio)))
         assert v["evals"][-1]["val"] < v["evals"][0]["val"]  # it learns
         assert 0 < v["evals"][-1]["eval_continuum_distance"] < 1
     assert r["variants"]["rk4+consistency"]["consistency"] == 1.0
