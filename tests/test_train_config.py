@@ -203,6 +203,7 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     """`[model] block = "pre_norm"`, `final_norm = true` (GPT-2's and nanoGPT's layout):
     the trained model's logits are those of the same weights in PyTorch's pre-LN encoder
     with a final LayerNorm (`itde.to_torch`), then the readout."""
+    import equinox as eqx
     import jax.numpy as jnp
     import numpy as np
     import torch
@@ -219,7 +220,7 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     model, _ = run.init_state()
     assert isinstance(model.ide.block, itde.PreNorm) and model.ide.final_norm is not None
     x, _ = run.batch(0)
-    logits = np.asarray(model.batched(jnp.asarray(x)))
+    logits = np.asarray(eqx.filter_jit(type(model).batched)(model, jnp.asarray(x)))
     enc = itde.to_torch(model.ide).eval()
     assert enc.layers[0].norm_first and enc.norm is not None
     u0 = np.array(model.initial_state(jnp.asarray(x)))
@@ -228,7 +229,8 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     want = y @ np.asarray(model.readout) + np.asarray(model.readout_bias)
     np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-5)
     # and the head applies the final norm: without it the logits differ
-    bare = np.asarray(itde.solve(model.ide, jnp.asarray(u0[0])).ys[-1]) @ np.asarray(model.readout)
+    bare = np.asarray(eqx.filter_jit(itde.solve)(model.ide, jnp.asarray(u0[0])).ys[-1])
+    bare = bare @ np.asarray(model.readout)
     assert np.max(np.abs(bare - (want[0] - np.asarray(model.readout_bias)))) > 1e-2
 
 
@@ -237,8 +239,7 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     [
         ({"block": "sandwich"}, "`model.block`"),
         ({"block": "pre_norm", "ffn_form": "relaxation"}, "is a form of the post-norm block"),
-        ({"block": "pre_norm", "scheme": "rk4"}, "`model.block` applies to the per-layer"),
-        ({"final_norm": True, "scheme": "rk4"}, "`model.final_norm` applies to the per-layer"),
+        ({"block": "pre_norm", "scheme": "rk4", "eps": 1e-5}, "must be 0 with the continuous"),
         ({"final_norm": "yes"}, "`model.final_norm`"),
     ],
 )
@@ -246,3 +247,39 @@ def test_block_and_final_norm_keys_are_checked(model, said):
     table = {"task": {"name": "sort"}, "model": {"n_features": 8, "n_heads": 2, **model}}
     with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
         from_dict(TrainExperiment, table)
+
+
+def test_continuous_pre_norm_model_with_a_final_norm():
+    """`block = "pre_norm"`, `final_norm = true` with a continuous scheme: Legendre controls
+    in the pre-norm equation u' = A(N1 u) + F(N2 u) (no constraint set: the solve starts
+    from u0 itself), then the final LayerNorm and the tied head."""
+    table = {
+        "task": {"name": "charlm", "context": 6, "eval_size": 4},
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 16,
+                  "block": "pre_norm", "final_norm": True, "tie_embeddings": True,
+                  "scheme": "rk4", "n_modes": 2},
+        "optim": {"batch_size": 2},
+    }  # fmt: skip
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import itde
+    from itde.train._model import init_token_model
+
+    cfg = from_dict(TrainExperiment, table)
+    model = init_token_model(jax.random.key(0), cfg.model, vocab=11, context=6, causal=True)
+    assert isinstance(model.ide.controls, itde.LegendreControls)
+    assert model.ide.block == itde.BLOCK_FORMS["pre_norm"]()
+    assert model.ide.project(0.0, jnp.ones((3, 8)) * 5).sum() == 5 * 24  # no constraint
+    x = np.random.default_rng(0).integers(0, 11, (2, 6))
+    logits = np.asarray(eqx.filter_jit(type(model).batched)(model, jnp.asarray(x)))
+    s = itde.SCHEMES["rk4"]
+    u0 = model.initial_state(jnp.asarray(x[0]))
+    solve = eqx.filter_jit(lambda m, u: itde.solve(m, u, solver=s.make(), dt0=1.0, terms=s.terms))
+    uT = np.asarray(solve(model.ide, u0).ys[-1])
+    fn = model.ide.final_norm
+    z = (uT - uT.mean(-1, keepdims=True)) / np.sqrt(uT.var(-1, keepdims=True) + fn.eps)
+    want = (z * np.asarray(fn.gain) + np.asarray(fn.shift)) @ np.asarray(model.embedding).T
+    np.testing.assert_allclose(logits[0], want, rtol=1e-4, atol=1e-5)

@@ -166,11 +166,15 @@ class ModelConfig:
       number of layers, which interpolates the initial network's layers).
     - `eps`: the LayerNorm $\\varepsilon$ (default 1e-5 for `"lie"`; a continuous scheme
       needs the exact projection, `eps = 0`, its default).
-    - `block`: the block form of a `"lie"` network, a name of `itde.BLOCK_FORMS`:
-      `"post_norm"` (the paper's scheme, the default), `"pre_norm"` (GPT-2 / nanoGPT) or
-      `"parallel"`. Continuous schemes integrate the post-norm equation.
-    - `final_norm`: a final LayerNorm after the last layer, before the readout (GPT-2's
-      `ln_f`; with `block = "pre_norm"` the usual choice), `"lie"` only.
+    - `block`: the block form, a name of `itde.BLOCK_FORMS`: `"post_norm"` (the paper's
+      scheme, the default), `"pre_norm"` (GPT-2 / nanoGPT) or `"parallel"`. With a
+      continuous scheme the equation of that form: the post-norm equation on its
+      constraint set, or the unconstrained ODE $u' = A(N_1 u) + F(N_2 u)$ of pre-norm
+      blocks (their norms act inside the operators).
+    - `final_norm`: a final LayerNorm after the last layer (or at depth $T$), before the
+      readout (GPT-2's `ln_f`; with `block = "pre_norm"` the usual choice); its
+      $\varepsilon$ is `eps` for `"lie"` and $10^{-5}$ for a continuous model (it maps the
+      output, it is not a constraint of the equation).
     - `tie_embeddings`: the head is the token embedding, logits $= h E^\\top$ with no bias
       (nanoGPT's and GPT-2's `lm_head`; default false: a separate readout $W$ and bias
       $b$). One parameter with two uses: its gradient is the sum of both, it takes weight
@@ -228,13 +232,6 @@ class ModelConfig:
             raise ConfigError(
                 f"`model.ffn_form`={self.ffn_form!r} is a form of the post-norm block; with "
                 f"`model.block`={self.block!r} use ffn_form = 'residual'"
-            )
-        if self.scheme != "lie" and (self.block != "post_norm" or self.final_norm):
-            key = "block" if self.block != "post_norm" else "final_norm"
-            raise ConfigError(
-                f"`model.{key}` applies to the per-layer network (`model.scheme` = 'lie'); the "
-                f"continuous scheme {self.scheme!r} integrates the post-norm equation without a "
-                "final norm: leave it unset"
             )
         for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
             positive(f"model.{name}", getattr(self, name))

@@ -33,7 +33,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._blocks import block_from_names
-from .._controls import LegendreControls, PiecewiseConstant
+from .._controls import Block, LegendreControls, PiecewiseConstant
 from .._equation import TransformerIDE
 from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
 from .._random import normal, uniform
@@ -256,9 +256,15 @@ def with_depth(model, scheme: str | None = None, dt: float | None = None, *, nam
     return dataclasses.replace(model, scheme=scheme, dt=dt)
 
 
+#: The $\varepsilon$ of a continuous model's final LayerNorm (an output map, not a
+#: constraint of the equation): GPT-2's and nanoGPT's.
+FINAL_NORM_EPS = 1e-5
+
+
 def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> TransformerIDE:
     """The Transformer IDE of a `[model]` table: per-layer controls for `"lie"`, Legendre
-    controls (constraint set $S_1(0, 1)$ at initialisation, moving once trained) otherwise."""
+    controls (constraint set $S_1(0, 1)$ at initialisation, moving once trained) otherwise,
+    with the table's block form and optional final norm (identity-initialised)."""
     block = dict(
         n_features=m.n_features, n_heads=m.n_heads, n_hidden=m.n_hidden, activation=m.activation
     )
@@ -272,9 +278,13 @@ def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> Trans
         key, n_modes=m.n_modes, t1=float(m.n_layers), amplitude=0.1, sigma1=(0.0,),
         sigma2=(1.0,), eps=0.0, dtype=dtype, **block,
     )  # fmt: skip
+    final = None
+    if m.final_norm:  # a LayerNorm with a unit gain and zero shift, as ln_f starts
+        final = Block.init(key, eps=FINAL_NORM_EPS, dtype=dtype, **block).norm2
     return TransformerIDE(
-        controls, grid, causal=causal, block=block_from_names("post_norm", m.ffn_form)
-    )
+        controls, grid, causal=causal, block=block_from_names(m.block, m.ffn_form),
+        final_norm=final,
+    )  # fmt: skip
 
 
 def init_token_model(
