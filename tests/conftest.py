@@ -16,6 +16,24 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# XLA's CPU compile flags for the tests. Most of the suite's time is XLA compiling small
+# programs that then run for milliseconds, so the tests compile with LLVM's optimisation
+# off and XLA's older loop emitters (the fusion emitters' MLIR pipeline is the slower one
+# to compile): measured on 2 cores, the default suite's compile-bound tests take about half
+# the time. The programs are the same (same HLO passes, no fast math); another code
+# generator rounds differently, so results move by a few ulps (measured: 7e-16 on a float64
+# model's output, 4e-7 in float32), far inside every test's tolerance, and a bitwise check
+# compares two runs made with the same flags. Set before JAX starts a backend, so every test
+# and the subprocesses that copy os.environ compile the same way (the multi-host workers
+# drop XLA_FLAGS: they compare only with each other).
+# ITDE_TEST_XLA_DEFAULTS=1 runs the suite with XLA's own defaults (a flag already in
+# XLA_FLAGS is kept as given).
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if not os.environ.get("ITDE_TEST_XLA_DEFAULTS"):
+    _given = os.environ.get("XLA_FLAGS", "")
+    _added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in _given]
+    os.environ["XLA_FLAGS"] = " ".join([_given, *_added]).strip()
+
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
