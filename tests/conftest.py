@@ -11,6 +11,8 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -28,11 +30,36 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # drop XLA_FLAGS: they compare only with each other).
 # ITDE_TEST_XLA_DEFAULTS=1 runs the suite with XLA's own defaults (a flag already in
 # XLA_FLAGS is kept as given).
+# XLA aborts the process on a flag it does not know, and these are debug options that come
+# and go between jaxlib versions (pyproject allows any jaxlib from 0.4.30): each set is
+# tried once in a short subprocess, largest first, and the first that starts a CPU backend
+# is used (none: XLA's defaults). The first process to check (pytest-xdist's controller)
+# leaves the result in the environment, so its workers and subprocesses inherit it.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-if not os.environ.get("ITDE_TEST_XLA_DEFAULTS"):
-    _given = os.environ.get("XLA_FLAGS", "")
-    _added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in _given]
-    os.environ["XLA_FLAGS"] = " ".join([_given, *_added]).strip()
+_CHECKED = "ITDE_TEST_XLA_FLAGS_CHECKED"
+
+
+def _test_xla_flags() -> None:
+    if os.environ.get("ITDE_TEST_XLA_DEFAULTS") or os.environ.get(_CHECKED):
+        return
+    os.environ[_CHECKED] = "1"
+    given = os.environ.get("XLA_FLAGS", "")
+    added = [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in given]
+    for n in range(len(added), 0, -1):
+        flags = " ".join([given, *added[:n]]).strip()
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+        probe = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"
+        try:
+            ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                timeout=120).returncode == 0  # fmt: skip
+        except subprocess.TimeoutExpired:
+            ok = False
+        if ok:
+            os.environ["XLA_FLAGS"] = flags
+            return
+
+
+_test_xla_flags()
 
 import jax  # noqa: E402
 
