@@ -173,7 +173,7 @@ class ModelConfig:
       blocks (their norms act inside the operators).
     - `final_norm`: a final LayerNorm after the last layer (or at depth $T$), before the
       readout (GPT-2's `ln_f`; with `block = "pre_norm"` the usual choice); its
-      $\varepsilon$ is `eps` for `"lie"` and $10^{-5}$ for a continuous model (it maps the
+      $\\varepsilon$ is `eps` for `"lie"` and $10^{-5}$ for a continuous model (it maps the
       output, it is not a constraint of the equation).
     - `tie_embeddings`: the head is the token embedding, logits $= h E^\\top$ with no bias
       (nanoGPT's and GPT-2's `lm_head`; default false: a separate readout $W$ and bias
