@@ -201,3 +201,19 @@ def test_continuity_benchmark_tiny_writes_its_table(tmp_path):
     for row in r["rows"]:
         assert 0 <= row["distance_dt_over_8"] < 1 and row["transport"] > 0
     assert "| option | seq. accuracy" in proc.stdout and "say nothing" in proc.stdout
+
+
+def test_every_mutant_of_the_catalogue_still_applies():
+    """`benchmarks/mutants.toml`: each mutant's `find` occurs exactly once in its file and
+    its tests exist, so that a change to the code is noticed here (a mutant whose line
+    is gone reports `not-applicable` only when someone runs the study)."""
+    import tomllib
+
+    mutants = tomllib.loads((ROOT / "benchmarks" / "mutants.toml").read_text())["mutant"]
+    assert len(mutants) >= 100 and len({m["name"] for m in mutants}) == len(mutants)
+    stale = [m["name"] for m in mutants if (ROOT / m["file"]).read_text().count(m["find"]) != 1]
+    assert not stale, f"mutants whose `find` is not exactly once in their file: {stale}"
+    tests = {t.split("::")[0] for m in mutants for t in m["tests"]}
+    assert all((ROOT / t).is_file() for t in tests), sorted(
+        t for t in tests if not (ROOT / t).is_file()
+    )
