@@ -54,7 +54,7 @@ from ._loop import (
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._sample import sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh
-from ._task import AbstractTask
+from ._task import AbstractTask, AbstractTokenTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "MIN_SHARD_SIZE",
     "TASKS",
     "AbstractTask",
+    "AbstractTokenTask",
     "Burgers",
     "CharLM",
     "CheckpointError",

@@ -9,8 +9,11 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._model import cross_entropy, init_token_model
 
 
 class AbstractTask(abc.ABC):
@@ -122,3 +125,21 @@ class AbstractTask(abc.ABC):
     def finish_metrics(self, means: dict[str, float]) -> dict[str, float]:
         """The held-out metrics from the means of `metric_sums` (derived ones added)."""
         return means
+
+
+class AbstractTokenTask(AbstractTask):
+    """A task on token sequences (`sort`, `charlm`, `textlm`): a
+    [`TokenModel`][itde.train.TokenModel] over the task's vocabulary and its
+    `tokens_key` tokens, trained by next-token (or per-token) cross-entropy.
+
+    **Class attribute:** `causal`, whether attention is causal (Volterra)."""
+
+    causal: ClassVar[bool]
+
+    def init_model(self, model_config, key: PRNGKeyArray, *, dtype=jnp.float32):
+        context = getattr(self.config, self.tokens_key)
+        return init_token_model(key, model_config, vocab=self.vocab, context=context,
+                                causal=self.causal, dtype=dtype)  # fmt: skip
+
+    def loss(self, out, y) -> Float[Array, ""]:
+        return cross_entropy(out, y)

@@ -17,8 +17,8 @@ from jaxtyping import PRNGKeyArray
 from .._config import ConfigError, positive
 from ..data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relative_l2
 from ..data._sort import accuracy
-from ._model import cross_entropy, init_field_model, init_token_model
-from ._task import AbstractTask
+from ._model import cross_entropy, init_field_model
+from ._task import AbstractTask, AbstractTokenTask
 from ._textlm import TextLM
 
 _MAX_DAMPING = 11.5  # exp(-11.5) ~ 1e-5
@@ -26,7 +26,7 @@ _MAX_DATA_STEPS = 100_000
 
 
 @typing.final
-class Sort(AbstractTask):
+class Sort(AbstractTokenTask):
     """Sort `length` digits from `{0, ..., vocab - 1}` (`itde.data.SortTask`): a
     bidirectional [`TokenModel`][itde.train.TokenModel], per-position cross-entropy, held-out
     token and whole-sequence accuracy."""
@@ -35,6 +35,7 @@ class Sort(AbstractTask):
     options = {"length": 8, "vocab": 10}
     metric = "eval_seq_acc"
     tokens_key = "length"
+    causal = False
     metric_label = "held-out sequence accuracy"
 
     def __init__(self, config):
@@ -56,15 +57,6 @@ class Sort(AbstractTask):
         return np.asarray(x), np.asarray(y)
 
     eval_batch = train_batch  # a fresh key stream (see `Run`) holds the set out
-
-    def init_model(self, model_config, key, *, dtype=jnp.float32):
-        return init_token_model(
-            key, model_config, vocab=self.vocab, context=self.config.length, causal=False,
-            dtype=dtype,
-        )  # fmt: skip
-
-    def loss(self, out, y):
-        return cross_entropy(out, y)
 
     def metric_sums(self, out, y):
         tok, seq = accuracy(out, y)
@@ -180,7 +172,7 @@ class Burgers(AbstractTask):
 
 
 @typing.final
-class CharLM(AbstractTask):
+class CharLM(AbstractTokenTask):
     """Next-character prediction on a local UTF-8 text (`itde.data.CharCorpus`): a causal
     (Volterra) [`TokenModel`][itde.train.TokenModel], next-token cross-entropy, held-out
     nats and bits per character. The checkpoint stores the vocabulary and the held-out
@@ -190,6 +182,7 @@ class CharLM(AbstractTask):
     options: dict[str, Any] = {"text_path": "", "context": 64, "val_fraction": 0.1}
     metric = "eval_nats_per_char"
     tokens_key = "context"
+    causal = True
     metric_label = "validation nats/char"
     can_sample = True
 
@@ -259,15 +252,6 @@ class CharLM(AbstractTask):
     def eval_batch(self, key, n):
         x, y = self.corpus.batch(key, "val", n, self.config.context)
         return np.asarray(x), np.asarray(y)
-
-    def init_model(self, model_config, key, *, dtype=jnp.float32):
-        return init_token_model(
-            key, model_config, vocab=self.vocab, context=self.config.context, causal=True,
-            dtype=dtype,
-        )  # fmt: skip
-
-    def loss(self, out, y):
-        return cross_entropy(out, y)
 
     def metric_sums(self, out, y):
         return {"eval_nats_per_char": jnp.sum(jax.vmap(cross_entropy)(out, y))}

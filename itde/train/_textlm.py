@@ -13,12 +13,12 @@ import jax.numpy as jnp
 from .._config import ConfigError, positive
 from ..data import TokenCorpus, builtin_text_path, tokenizer_from_json
 from ..data._tokenizers import HF_TOKENIZER, TOKENIZER_KINDS, HFTokenizer
-from ._model import cross_entropy, init_token_model
-from ._task import AbstractTask
+from ._model import cross_entropy
+from ._task import AbstractTokenTask
 
 
 @typing.final
-class TextLM(AbstractTask):
+class TextLM(AbstractTokenTask):
     """Next-token prediction on a local UTF-8 file or folder (`itde.data.TokenCorpus`):
     a causal (Volterra) [`TokenModel`][itde.train.TokenModel], next-token cross-entropy,
     validation loss in nats per token and per character.
@@ -48,6 +48,7 @@ class TextLM(AbstractTask):
     }
     metric = "eval_nats_per_token"
     tokens_key = "context"
+    causal = True
     metric_label = "validation nats/token"
     can_sample = True
 
@@ -65,7 +66,7 @@ class TextLM(AbstractTask):
             return self._corpus
         c = self.config
         if c.tokenizer.startswith(HF_TOKENIZER):  # a missing tokenizer.json, named by its key
-            HFTokenizer.from_dir(c.tokenizer[len(HF_TOKENIZER) :], name="task.tokenizer")
+            HFTokenizer.file(c.tokenizer[len(HF_TOKENIZER) :], name="task.tokenizer")
         corpus = TokenCorpus.from_path(
             c.text_path or builtin_text_path(), tokenizer=c.tokenizer, vocab_size=c.vocab_size,
             val_fraction=c.val_fraction, glob=c.text_glob, cache_dir=c.cache_dir or None,
@@ -180,13 +181,7 @@ class TextLM(AbstractTask):
             return init_from_hf(
                 model_config, vocab=self.vocab, context=self.config.context, dtype=dtype
             )
-        return init_token_model(
-            key, model_config, vocab=self.vocab, context=self.config.context, causal=True,
-            dtype=dtype,
-        )  # fmt: skip
-
-    def loss(self, out, y):
-        return cross_entropy(out, y)
+        return super().init_model(model_config, key, dtype=dtype)
 
     def metric_sums(self, out, y):
         return {"eval_nats_per_token": jnp.sum(jax.vmap(cross_entropy)(out, y))}
