@@ -19,6 +19,7 @@ from .. import _config
 from .._blocks import BLOCK_FORMS
 from .._config import ConfigError, choices, positive, seed
 from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
+from ..data._tokenizers import HF_TOKENIZER
 
 __all__ = [
     "ARCHITECTURE",
@@ -142,8 +143,8 @@ ARCHITECTURE: dict[str, Any] = {
 model trained from scratch; with `init` they come from the initial model instead."""
 
 #: The prefix of `[model] init` (and of `[task] tokenizer`) naming a local Hugging Face
-#: directory.
-HF_PREFIX = "hf:"
+#: directory: the tokenizers' own.
+HF_PREFIX = HF_TOKENIZER
 
 
 @dataclasses.dataclass(frozen=True)
