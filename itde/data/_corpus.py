@@ -162,7 +162,7 @@ def _fingerprint(files, tokenizer: str, vocab_size: int, val_fraction: float) ->
     stats = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
     spec = [_FORMAT, stats, tokenizer, int(vocab_size), float(val_fraction)]
     if tokenizer.startswith(HF_TOKENIZER):  # the file's content, wherever it lies
-        file = pathlib.Path(tokenizer[len(HF_TOKENIZER) :]) / "tokenizer.json"
+        file = HFTokenizer.file(tokenizer[len(HF_TOKENIZER) :])
         spec[2] = ["hf", hashlib.sha256(file.read_bytes()).hexdigest()]
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
@@ -174,7 +174,7 @@ def _check_options(tokenizer, vocab_size, val_fraction) -> None:
                 f"`vocab_size`={vocab_size} applies to tokenizer 'bpe' only; the tokenizer "
                 f"{tokenizer!r} has its own vocabulary: set vocab_size = 0 (or omit it)."
             )
-        HFTokenizer.from_dir(tokenizer[len(HF_TOKENIZER) :])  # names a missing file now
+        HFTokenizer.file(tokenizer[len(HF_TOKENIZER) :])  # names a missing file now
     elif tokenizer not in TOKENIZER_KINDS:
         raise ValueError(f"`tokenizer`={tokenizer!r} is not known; choose one of "
                          f"{list(TOKENIZER_KINDS)}.")  # fmt: skip

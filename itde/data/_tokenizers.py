@@ -171,10 +171,10 @@ class HFTokenizer(AbstractTokenizer):
         self._tok = tokenizer
         self._itos: tuple[str, ...] | None = None
 
-    @classmethod
-    def from_dir(cls, path, name: str = "tokenizer") -> HFTokenizer:
-        """The `tokenizer.json` of the Hugging Face directory `path` (`name`: the argument
-        named in an error)."""
+    @staticmethod
+    def file(path, name: str = "tokenizer"):
+        """The `tokenizer.json` of the Hugging Face directory `path`, checked to exist
+        without reading it (`name`: the argument named in an error)."""
         import pathlib
 
         path = pathlib.Path(path)
@@ -186,7 +186,13 @@ class HFTokenizer(AbstractTokenizer):
                 "from_pretrained(...).save_pretrained(DIR)` or `tokenizers.Tokenizer.save("
                 "DIR + '/tokenizer.json')`), or point it at a directory that holds one."
             )
-        return cls(_tokenizers().Tokenizer.from_file(str(file)))
+        return file
+
+    @classmethod
+    def from_dir(cls, path, name: str = "tokenizer") -> HFTokenizer:
+        """The `tokenizer.json` of the Hugging Face directory `path` (`name`: the argument
+        named in an error)."""
+        return cls(_tokenizers().Tokenizer.from_file(str(cls.file(path, name))))
 
     @property
     def vocab_size(self) -> int:
