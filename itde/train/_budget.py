@@ -86,13 +86,13 @@ def check_fits(
     k = cfg.optim.accumulate
     need = step_bytes(cfg, tokens, train)
     if need > budget:
+        d = _dims(cfg.model)
         raise ConfigError(
             f"one {'training' if train else 'evaluation'} step needs about {_gib(need)} "
             f"(`optim.batch_size`={cfg.optim.batch_size}"
             + (f" in `optim.accumulate`={k} micro-batches" if train and k > 1 else "")
             + f", `{tokens_name}`={tokens} tokens, `model.n_features`="
-            f"{_dims(cfg.model)['n_features']}, "
-            f"{max(1, round(_dims(cfg.model)['n_layers'] / cfg.model.dt))} "
+            f"{d['n_features']}, {max(1, round(d['n_layers'] / cfg.model.dt))} "
             f"depth steps), more than the {_gib(limit)} this machine has; lower "
             f"optim.batch_size or {tokens_name}"
             + (", or raise optim.accumulate (micro-batches a step)" if train else "")

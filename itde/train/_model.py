@@ -33,8 +33,9 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._blocks import block_from_names
-from .._controls import Block, LegendreControls, PiecewiseConstant
+from .._controls import LegendreControls, PiecewiseConstant
 from .._equation import TransformerIDE
+from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
 from .._random import normal, uniform
 from .._registry import SCHEMES
@@ -280,7 +281,7 @@ def build_ide(key: PRNGKeyArray, m, *, causal: bool, grid: Grid, dtype) -> Trans
     )  # fmt: skip
     final = None
     if m.final_norm:  # a LayerNorm with a unit gain and zero shift, as ln_f starts
-        final = Block.init(key, eps=FINAL_NORM_EPS, dtype=dtype, **block).norm2
+        final = LayerNormProjection.identity(m.n_features, eps=FINAL_NORM_EPS, dtype=dtype)
     return TransformerIDE(
         controls, grid, causal=causal, block=block_from_names(m.block, m.ffn_form),
         final_norm=final,
