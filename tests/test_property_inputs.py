@@ -169,6 +169,34 @@ def test_tensor_grid_uniform_weights():
                     assert (g.token_log_weights() is None) == ref
 
 
+def test_feature_weights_are_skipped_exactly_on_the_unit_grid():
+    """The equation multiplies by the feature weights unless the feature rule is the unit
+    grid (then `feature_weights()` is None): at widths 8 and 49 (where 49 * (1/49) != 1),
+    for rules whose weights are all 1, all equal but not 1, or unequal."""
+    for d in (8, 49):
+        rules = [itde.Midpoint(), itde.PeriodicTrapezoid(), itde.Midpoint(interval=(0.0, d)),
+                 itde.Midpoint(interval=(0.0, 1.0)), itde.PeriodicTrapezoid(interval=(2.0, 3.0)),
+                 itde.Trapezoid(interval=(0.0, 1.0)), itde.GaussLegendre()]  # fmt: skip
+        for rule in rules:
+            grid = itde.Grid(itde.Midpoint(), rule, d)
+            m = itde.TransformerIDE.init(jax.random.key(0), n_layers=1, n_features=d,
+                                         n_heads=1, n_hidden=4, grid=grid)  # fmt: skip
+            length = d if rule.interval is None else rule.interval[1] - rule.interval[0]
+            unit = rule.name in ("midpoint", "periodic-trapezoid") and length == d
+            got = m.feature_weights()
+            if unit:
+                assert got is None, (d, rule)
+            else:  # the rule's weights themselves, whatever they are
+                ref = {"midpoint": np.full(d, length / d),
+                       "periodic-trapezoid": np.full(d, length / d)}.get(rule.name)  # fmt: skip
+                if rule.name == "trapezoid":
+                    ref = np.full(d, 1 / (d - 1))
+                    ref[[0, -1]] /= 2
+                if rule.name == "gauss-legendre":
+                    ref = d / 2 * np.polynomial.legendre.leggauss(d)[1]
+                np.testing.assert_allclose(got, ref, rtol=1e-13, err_msg=str((d, rule)))
+
+
 def _band_reference(n: int, length: float):
     """The keys each query reads on the unit grid (nodes k + 1/2): |k - p| < L, in
     integers: |k - p| <= ceil(L) - 1."""
