@@ -44,7 +44,10 @@ from ._operators._affine import FeatureAffine
 
 
 def _is_unit(norm) -> bool:
-    """No gain or shift, and the unit set: already a norm of a continuum form."""
+    """No gain or shift, and the unit set: already a norm of a continuum form. Exact
+    equality: `fold_norms` builds the unit set from the numbers 0 and 1 (`unit_and_affine`);
+    a norm whose parameters differ at all, trained or given, is another set and is folded
+    (or refused) as one."""
     if norm.gain is not None or norm.shift is not None:
         return False
     s1 = getattr(norm, "sigma1", 0.0)

@@ -53,9 +53,10 @@ def _batched(flow):
     return diffrax.ODETerm(field)
 
 
-def _unit_or(weights: np.ndarray) -> np.ndarray | None:
-    """None when every weight is 1 (the multiplication would be a no-op)."""
-    return None if np.all(weights == 1.0) else weights
+def _unit_or(rule: AbstractQuadrature, n: int, weights: np.ndarray) -> np.ndarray | None:
+    """None on the rule's unit grid (every weight 1: the multiplication would be a no-op),
+    decided by the rule ([`is_unit`][itde.AbstractQuadrature.is_unit]); else `weights`."""
+    return None if rule.is_unit(n) else weights
 
 
 class TransformerIDE(AbstractEquation):
@@ -345,7 +346,8 @@ class TransformerIDE(AbstractEquation):
     def feature_weights(self) -> np.ndarray | None:
         """The feature quadrature weights, or None when every weight is 1 (the unit grid:
         the multiplications are skipped)."""
-        return _unit_or(self.grid.feature_weights())
+        features = self.grid.features
+        return _unit_or(features, self.grid.n_features, self.grid.feature_weights())
 
     def _rotary(self, u):
         if self.rope is None:

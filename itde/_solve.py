@@ -293,7 +293,8 @@ def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:
 
 def _is_projection(norm) -> bool:
     """No per-feature affine map, or (concretely) the identity one: a fresh network's
-    gain of ones and shift of zeros."""
+    gain of ones and shift of zeros. Exact equality: a fresh network's gain and shift are
+    the numbers 1 and 0 themselves (`identity`), and this only decides whether to warn."""
     for value, identity in ((norm.gain, 1.0), (norm.shift, 0.0)):
         if value is None:
             continue

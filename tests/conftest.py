@@ -65,6 +65,17 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+# Hypothesis (the property tests): few examples, since each new shape is an XLA compile; no
+# deadline (a first call compiles); derandomised where the environment variable CI is set
+# (`.ci/run` sets it), so that a CI run draws the same examples every time. Locally the
+# examples are random and the failures Hypothesis finds are kept in .hypothesis/.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("itde", max_examples=12, deadline=None, print_blob=True)
+settings.register_profile("itde-ci", parent=settings.get_profile("itde"), derandomize=True,
+                          database=None)  # fmt: skip
+settings.load_profile("itde-ci" if os.environ.get("CI") else "itde")
+
 
 def pytest_configure(config):
     if importlib.util.find_spec("torch") is None:

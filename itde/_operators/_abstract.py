@@ -95,6 +95,7 @@ class AbstractNorm(eqx.Module):
     def is_exact(self) -> bool:
         """True when the map is exactly the projection onto the constraint set: `eps=0`
         and no per-feature affine map (what the continuum form needs)."""
+        # exact: `eps` is the number the user gave (0 asks for the exact projection)
         return self.gain is None and self.shift is None and self.eps == 0.0
 
     @abc.abstractmethod

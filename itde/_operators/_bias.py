@@ -95,9 +95,9 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
         start = 2.0 ** (-(2.0 ** -(math.log2(m) - 3)))
         return [start * start**i for i in range(m)]
 
-    if math.log2(n).is_integer():
+    if n & (n - 1) == 0:  # a power of two, decided in integers
         return np.asarray(power_of_two(n))
-    closest = 2 ** math.floor(math.log2(n))
+    closest = 1 << (n.bit_length() - 1)  # the largest power of two below n
     extra = alibi_slopes(2 * closest)[0::2][: n - closest]
     return np.concatenate([power_of_two(closest), extra])
 

@@ -310,7 +310,8 @@ def blocked_attention(
     bb = bias.reshape(nb, bs)
     offsets = jnp.arange(bs)
     lo, hi, start, span = key_block_plan(n, bs, causal, window)
-    every = bool(np.all(lo == start) and np.all(hi == start + span - 1))  # nothing to skip
+    # nothing to skip; exact: the plan is integer block indices
+    every = bool(np.all(lo == start) and np.all(hi == start + span - 1))
     lo, hi, start = (jnp.asarray(a, jnp.int32) for a in (lo, hi, start))
 
     @jax.checkpoint

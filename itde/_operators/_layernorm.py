@@ -81,6 +81,7 @@ class LayerNormProjection(AbstractNorm):
         u = u.astype(dtype)
         centred = u - feature_mean(u, feature_weights)
         var = feature_mean(centred * centred, feature_weights)
+        # exact: `eps` is the number the user gave (0 asks for the exact projection)
         if self.eps == 0.0:
             scale = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
             floor = (16 * jnp.finfo(dtype).eps * scale) ** 2
@@ -148,6 +149,7 @@ class LayerNormProjection(AbstractNorm):
     def fixed_points(self):
         r"""The exact projection onto $S_1(\sigma_1, \sqrt{\sigma_2^2 - \varepsilon})$."""
         self._refuse_affine("the continuum constraint set")
+        # exact: `eps` is the number the user gave (0 asks for the exact projection)
         if self.eps == 0.0:
             return self
         return type(self)(self.sigma1, self._fixed_scale(self.sigma2), None, None, 0.0)

@@ -35,7 +35,7 @@ def key_mask(mask, n_tokens: int, name: str = "mask"):
     if not isinstance(mask, jax.core.Tracer):
         # checked on the host: inside `jax.jit` a concrete mask's jnp comparison would be
         # staged (a tracer), which `bool` cannot read
-        host = np.asarray(mask)
+        host = np.asarray(mask)  # an integer array (checked above): == is exact
         if not bool(np.all((host == 0) | (host == 1))):
             raise ValueError(
                 f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values."

@@ -87,6 +87,7 @@ class RMSNormProjection(AbstractNorm):
         dtype = jnp.promote_types(u.dtype, jnp.float32)
         v = u.astype(dtype)
         ms = feature_mean(v * v, feature_weights)
+        # exact: `eps` is the number the user gave (0 asks for the exact projection)
         if self.eps == 0.0:
             scale = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
             ms = eqx.error_if(
@@ -112,6 +113,7 @@ class RMSNormProjection(AbstractNorm):
     def fixed_points(self):
         r"""The exact projection onto the sphere of radius $\sqrt{\sigma^2 - \varepsilon}$."""
         self._refuse_affine("the continuum constraint set")
+        # exact: `eps` is the number the user gave (0 asks for the exact projection)
         if self.eps == 0.0:
             return self
         return type(self)(self._fixed_scale(self.sigma), None, 0.0)

@@ -167,6 +167,7 @@ class TokenBand(eqx.Module):
         k = np.arange(self.n_tokens)
         behind, ahead = int(np.max(k - f)), int(np.max(ell - k))
         n = self.n_tokens
+        # exact: `first`, `last` and the offsets are integer token indices
         if np.array_equal(f, np.maximum(0, k - behind)) and np.array_equal(
             ell, np.minimum(n - 1, k + ahead)
         ):

@@ -58,9 +58,19 @@ class AbstractTokenDomain(eqx.Module):
         r"""$\log w_p$ as a JAX array in `dtype`, or `None` when the weights are uniform
         (a constant log-bias cancels in the softmax)."""
         w = self.token_weights(n_tokens)
-        if np.all(w == w[0]):
+        if self.uniform_weights(n_tokens):
             return None
         return jnp.asarray(np.log(w), dtype=dtype)
+
+    def uniform_weights(self, n_tokens: int | None = None) -> bool:
+        """True when every token weight is the same, so that [`token_log_weights`][] is
+        `None`. Quadrature rules and tensor grids decide it from what they are; this default,
+        for any other domain, compares the weights themselves: exact equality proves the
+        log-bias constant, and weights that are equal only up to round-off keep their
+        nearly constant log-bias, which the softmax cancels as well (the same operator
+        either way)."""
+        w = self.token_weights(n_tokens)
+        return bool(np.all(w == w[0]))
 
     def causal_weights(self, n_tokens: int | None = None):
         r"""Per-query weights $W_{ip}$ for causal (Volterra) attention over

@@ -68,6 +68,12 @@ class TensorGrid2D(AbstractTokenDomain):
         nodes = np.stack([g1.ravel(), g2.ravel()], axis=-1)
         return nodes, np.outer(w1, w2).ravel()
 
+    def uniform_weights(self, n_tokens: int | None = None) -> bool:
+        """True when both rules' weights are uniform (then so is every product, and only
+        then)."""
+        self._check_tokens(n_tokens)
+        return self.rule_x1.uniform_weights(self.n1) and self.rule_x2.uniform_weights(self.n2)
+
     def nodes(self) -> np.ndarray:
         return self.nodes_weights()[0]
 

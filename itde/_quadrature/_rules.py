@@ -82,11 +82,24 @@ class AbstractQuadrature(AbstractTokenDomain):
         return n
 
     def nodes_weights(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Nodes and weights (float64 NumPy arrays of shape `[n]`) on the interval."""
+        """Nodes and weights (float64 NumPy arrays of shape `[n]`) on the interval. On the
+        unit grid ([`is_unit`][itde.AbstractQuadrature.is_unit]) the weights are exactly 1
+        and the nodes [`unit_nodes`][itde.AbstractQuadrature.unit_nodes], not the
+        interval's length times those of $[0, 1]$ ($N \\cdot (1/N)$ is not 1 in floating
+        point for some $N$)."""
         n = self._check_n(n)
         a, b = self.bounds(n)
+        if self.is_unit(n):
+            return a + self.unit_nodes(n), np.ones(n)
         x, w = self._reference(n)  # on [0, 1]
         return a + (b - a) * x, (b - a) * w
+
+    def unit_nodes(self, n: int) -> np.ndarray:
+        """The nodes on $[0, N]$ (`interval=None`; shifted by $a$ on an interval $[a, a + N]$),
+        float64 `[n]`: $N$ times those of $[0, 1]$; rules whose unit-grid nodes are whole or
+        half numbers give them exactly."""
+        n = self._check_n(n)
+        return n * self._reference(n)[0]
 
     @abc.abstractmethod
     def _reference(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,10 +116,21 @@ class AbstractQuadrature(AbstractTokenDomain):
             return None
         return volterra_weights(self, n)
 
+    def uniform_weights(self, n: int) -> bool:
+        """True when the rule's `n` weights are all equal, by construction of the rule (its
+        formula, not a comparison of computed weights): one node always; every `n` for the
+        midpoint and periodic trapezoid rules; `n = 2` for the trapezoid and Gauss–Legendre
+        rules."""
+        return self._check_n(n) == 1
+
     def is_unit(self, n: int) -> bool:
-        """True when every weight is exactly 1 (the standard Transformer's grid)."""
-        _, w = self.nodes_weights(n)
-        return bool(np.all(w == 1.0))
+        """True when every weight is 1 (the standard Transformer's grid): the rule's weights
+        are all equal ([`uniform_weights`][itde.AbstractQuadrature.uniform_weights]) and
+        the interval is $N$ long ($[0, N]$ for `interval=None`), so each is $N/N = 1$.
+        Decided by what the rule is, never by comparing computed weights with 1."""
+        # exact: the length b - a of the numbers given (n itself for interval=None), against
+        # the integer n; never a computed weight
+        return self.uniform_weights(n) and self.length(n) == n
 
 
 class Midpoint(AbstractQuadrature):
@@ -125,6 +149,13 @@ class Midpoint(AbstractQuadrature):
     def _reference(self, n):
         h = 1.0 / n
         return (np.arange(n) + 0.5) * h, np.full(n, h)
+
+    def uniform_weights(self, n):
+        self._check_n(n)
+        return True  # every cell has width h
+
+    def unit_nodes(self, n):
+        return np.arange(self._check_n(n)) + 0.5  # the cell centres k + 1/2, exactly
 
 
 class Trapezoid(AbstractQuadrature):
@@ -145,6 +176,9 @@ class Trapezoid(AbstractQuadrature):
         w = np.full(n, h)
         w[0] = w[-1] = h / 2
         return np.linspace(0.0, 1.0, n), w
+
+    def uniform_weights(self, n):
+        return self._check_n(n) == 2  # (h/2, h/2): both nodes are ends
 
 
 class Simpson(AbstractQuadrature):
@@ -192,6 +226,9 @@ class GaussLegendre(AbstractQuadrature):
         x, w = np.polynomial.legendre.leggauss(n)
         return (x + 1) / 2, w / 2
 
+    def uniform_weights(self, n):
+        return self._check_n(n) <= 2  # (1) and (1/2, 1/2) on [0, 1]; unequal from n = 3 on
+
 
 class PeriodicTrapezoid(AbstractQuadrature):
     r"""Trapezoid rule for periodic integrands: $N$ equispaced nodes $a + k h$, $h = L/N$.
@@ -209,6 +246,13 @@ class PeriodicTrapezoid(AbstractQuadrature):
 
     def _reference(self, n):
         return np.arange(n) / n, np.full(n, 1.0 / n)
+
+    def uniform_weights(self, n):
+        self._check_n(n)
+        return True  # every weight is the spacing h
+
+    def unit_nodes(self, n):
+        return np.arange(self._check_n(n), dtype=np.float64)  # 0, 1, ..., N - 1 exactly
 
     # NB: for a non-periodic integrand it drops the right end point: a left Riemann sum,
     # order 1 only.

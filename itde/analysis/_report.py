@@ -242,6 +242,8 @@ def _layer_equations(eq, ts):
     c = eq.controls
     if not isinstance(c, PiecewiseConstant) or len(ts) != c.n_layers + 1:
         return None
+    # a tolerance on purpose: `ts` may be computed (linspace); the state is continuous in
+    # depth, so maps from depths 1e-9 apart agree to that order
     if not np.allclose(ts, c.layer_times(), rtol=0, atol=1e-9 * max(1.0, float(c.t1))):
         return None
     return [

@@ -181,6 +181,7 @@ def _rule_nodes(rule: AbstractQuadrature, n: int, basis: AbstractBasis, name: st
         )
     a, b = rule.bounds(n)
     c, d = basis.interval
+    # a check with a tolerance (accept or refuse), not a choice of path
     if not (math.isclose(a, c, abs_tol=1e-12) and math.isclose(b, d, abs_tol=1e-12)):
         raise ValueError(
             f"`{name}` covers [{a}, {b}] but the kernel's {type(basis).__name__} lives on "

@@ -27,9 +27,10 @@ def _sample_bias(b: FunctionBias | None, nodes):
     return None if b is None else b.sample(nodes, check=False)
 
 
-def _none_if_unit(weights: np.ndarray) -> np.ndarray | None:
-    """None when every weight is 1 (multiplying by them would be a no-op)."""
-    return None if np.all(weights == 1.0) else weights
+def _none_if_unit(rule: AbstractQuadrature, n: int, weights: np.ndarray) -> np.ndarray | None:
+    """None on the rule's unit grid (every weight 1: multiplying by them would be a no-op),
+    decided by the rule ([`is_unit`][itde.AbstractQuadrature.is_unit]); else `weights`."""
+    return None if rule.is_unit(n) else weights
 
 
 def _same(*bases: AbstractBasis) -> bool:
@@ -169,7 +170,8 @@ class FunctionAttention(AbstractAttention):
     def discretise(self, grid: Grid) -> tuple[Attention, np.ndarray | None]:
         """The sampled attention on `grid` ([`sample`][]) and its head weights (`None`
         when all are 1)."""
-        return self.sample(grid), _none_if_unit(self.head_weights())
+        weights = _none_if_unit(self.head_rule, self.n_head_nodes, self.head_weights())
+        return self.sample(grid), weights
 
     def __call__(
         self, u: Float[Array, "tokens features"], grid: Grid, *, causal: bool = False
@@ -283,7 +285,8 @@ class FunctionFeedForward(AbstractFeedForward):
     def discretise(self, grid: Grid) -> tuple[FeedForward, np.ndarray | None]:
         """The sampled feed-forward on `grid` ([`sample`][]) and its hidden weights
         (`None` when all are 1)."""
-        return self.sample(grid), _none_if_unit(self.hidden_weights())
+        weights = _none_if_unit(self.hidden_rule, self.n_hidden_nodes, self.hidden_weights())
+        return self.sample(grid), weights
 
     def __call__(self, u: Float[Array, "tokens features"], grid: Grid) -> Array:
         """Sample on `grid` and apply with its feature weights and the hidden weights."""

@@ -63,6 +63,7 @@ class GemmaFamily(AbstractHFFamily):
         emb = model.embed_tokens
         d = model.config.hidden_size
         scale = m.embedding_scale
+        # a tolerance on purpose: the scale is sqrt(d) rounded to the weights' dtype
         if scale is None or not np.isclose(scale, math.sqrt(d), rtol=1e-6, atol=0.0):
             raise ValueError(
                 f"`to_hf`: the model's `embedding_scale`={scale!r} is not Gemma's "

@@ -244,6 +244,7 @@ def put_attention(att: Attention, q, k, v, o, q_scale: float = 1.0) -> None:
 def put_layer_norm(norm: LayerNormProjection, ln) -> None:
     """Write a `LayerNormProjection` with mean 0 and radius 1 (the form `from_hf` builds)
     into an `nn.LayerNorm`."""
+    # exact: `from_hf` writes the numbers 0 and 1 (frozen beside a gain); any other is refused
     _check_plain_norm(norm, norm.sigma1 == 0.0, norm.sigma2 == 1.0)
     put(ln.weight, norm.gain if norm.gain is not None else np.ones(ln.weight.shape))
     if getattr(ln, "bias", None) is not None:
@@ -255,7 +256,7 @@ def put_layer_norm(norm: LayerNormProjection, ln) -> None:
 def put_rms_norm(norm: RMSNormProjection, module, gain_offset: float = 0.0) -> None:
     """Write an `RMSNormProjection` with radius 1 into an RMSNorm module whose gain is
     `gain_offset + weight`."""
-    _check_plain_norm(norm, norm.sigma == 1.0)
+    _check_plain_norm(norm, norm.sigma == 1.0)  # exact: `from_hf` writes the number 1
     gain = np.ones(module.weight.shape) if norm.gain is None else np.asarray(norm.gain, np.float64)
     put(module.weight, gain - gain_offset)
 
@@ -287,6 +288,7 @@ def check_rope(rope, rotary) -> None:
     frequencies differ from them (they would be lost silently)."""
     ours = np.asarray(rope.inv_freq, np.float64)
     theirs = _np(rotary.inv_freq).astype(np.float64)
+    # a tolerance on purpose: Hugging Face keeps `inv_freq` in float32 (a check, not a path)
     if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-6, atol=0.0):
         raise ValueError(
             "`to_hf`: the model's RoPE frequencies (`equation.rope.inv_freq`) are not the ones "

@@ -77,6 +77,7 @@ def rope_checks(config, name: str, rotary=None) -> None:
             )
     if rotary is not None:
         factor = float(getattr(rotary, "attention_scaling", 1.0))
+        # exact: the rope types itde converts set the number 1.0 (no factor)
         if factor != 1.0:
             raise ValueError(
                 f"`model.rotary_emb.attention_scaling`={factor!r} is not supported: the "

@@ -100,6 +100,7 @@ class CausalLMFamily(AbstractHFFamily):
         self.base_family.write(m.base, base)
         head = getattr(model, self.head)
         if head.weight is base.get_input_embeddings().weight:  # tied in Hugging Face
+            # exact: a head tied at conversion is the embedding table copied, not computed
             if m.head is not None and not np.array_equal(m.head, m.base.word_embeddings):
                 raise ValueError(
                     "`to_hf`: the itde model's head differs from its word embeddings, but its "

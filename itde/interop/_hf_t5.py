@@ -71,7 +71,7 @@ def _check_buckets(config) -> None:
     padded = jnp.asarray(np.pad(rel, (0, size - rel.size)), jnp.int32)
     ours = np.asarray(t5_bucket(padded, bidirectional=True, n_buckets=n, max_distance=far))
     ours = ours[: rel.size]
-    if not np.array_equal(theirs, ours):
+    if not np.array_equal(theirs, ours):  # exact: integer bucket indices
         r = int(rel[np.argmax(theirs != ours)])
         raise ValueError(
             f"`config.relative_attention_max_distance`={far!r} with "
@@ -155,7 +155,7 @@ class T5EncoderFamily(AbstractHFFamily):
             isinstance(bias, T5RelativeBias)
             and bias.bidirectional
             and bias.max_distance == far
-            and bias.spacing == 1.0
+            and bias.spacing == 1.0  # exact: the length unit given (default the number 1)
         ):
             raise ValueError(
                 "`to_hf`: a T5 encoder's `equation.score_bias` must be the bidirectional "

@@ -325,7 +325,7 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
         all(b is None for b in (att.bq, att.bk, att.bv, att.bo, ff.b1, ff.b2))
         and v.norm1.shift is None
         and v.norm2.shift is None
-        and np.all(s1 == 0)
+        and np.all(s1 == 0)  # exact: `from_torch` writes the number 0; bias=True is right too
     )
     h, dh = att.n_heads, att.head_dim
     layer = torch.nn.TransformerEncoderLayer(

@@ -215,6 +215,7 @@ def _same_as(rows: list[dict], i: int) -> str | None:
     e = np.asarray(rows[i]["errors"])
     for r in rows[:i]:
         other = np.asarray(r["errors"])
+        # a tolerance on purpose: this only merges two curves of a plot's legend
         if other.shape == e.shape and np.allclose(other, e, rtol=1e-9, atol=0):
             return r["scheme"]
     return None

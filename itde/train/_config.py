@@ -256,6 +256,7 @@ class ModelConfig:
             positive("model.n_modes", self.n_modes)
             if self.eps is None:
                 _set(self, "eps", 0.0)
+            # exact: `eps` is the number the config gives (or the default 0 set above)
             if self.eps != 0.0:
                 raise ConfigError(
                     f"`model.eps`={self.eps} must be 0 with the continuous scheme "

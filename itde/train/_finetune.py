@@ -215,6 +215,7 @@ def lm_from_token_model(model: TokenModel, template):
             "`model.scheme` = 'lie' to export (or sample its controls at the layers "
             "yourself: `model.ide.controls` is an itde.LegendreControls)."
         )
+    # exact: `dt` is the number the config gives; 1 means one step per layer
     if model.dt != 1.0:
         raise ValueError(
             f"the model was trained with `model.dt`={model.dt:g}: each layer split into "

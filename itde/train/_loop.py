@@ -587,6 +587,7 @@ def _diverged(error, step: int, last: dict, cfg) -> FloatingPointError:
 def _exportable(cfg) -> bool:
     """A run started from a Hugging Face model that is still its per-layer network."""
     m = cfg.model
+    # exact: `dt` is the number the config gives; 1 means one step per layer
     return bool(m.init) and not m.continuous and m.dt == 1.0
 
 

@@ -36,7 +36,7 @@ class _ProjectedInterpolation(AbstractLocalInterpolation):
             return jtu.tree_map(
                 jnp.subtract, self.evaluate(t1, left=left), self.evaluate(t0, left=left)
             )
-        same = self.t1 == self.t0
+        same = self.t1 == self.t0  # exact: guards the division below, needed only at 0
         theta = jnp.where(same, 0.0, t0 - self.t0) / jnp.where(same, 1.0, self.t1 - self.t0)
         base = self.inner.evaluate(t0, left=left)
         return jtu.tree_map(lambda b, c: b + theta * c, base, self.correction)
