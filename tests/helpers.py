@@ -40,3 +40,34 @@ def spread_hf_weights(model):
             else:
                 p.add_(0.3 * torch.randn_like(p))
     return model
+
+
+def _layer_solvers():
+    """name -> a factory of a solver whose steps end on the points of its step grid, so on
+    every layer boundary of a per-layer model. The flow maps of each compose exactly on
+    the layer grid (`tests/test_flow_maps.py`), forward and backward. `frozen-*` are
+    wrapped by the caller: one without jumps, one with jumps that are not the layers'."""
+    import diffrax
+
+    import itde_solvers as S
+
+    return {
+        "lie": S.LieTrotter,
+        "strang": S.Strang,
+        "parallel": S.ParallelSplitting,
+        "strang-rk4": lambda: S.Strang(S.RK4()),
+        "euler": diffrax.Euler,
+        "heun": diffrax.Heun,
+        "midpoint": diffrax.Midpoint,
+        "ralston": diffrax.Ralston,
+        "bosh3": diffrax.Bosh3,
+        "rk4": S.RK4,
+        "tsit5": diffrax.Tsit5,
+        "dopri5": diffrax.Dopri5,
+        "dopri8": diffrax.Dopri8,
+        "frozen-tsit5": lambda: S.FrozenTime(diffrax.Tsit5()),
+        "frozen-dopri8": lambda: S.FrozenTime(diffrax.Dopri8(), jump_ts=(0.5, 1.5)),
+    }
+
+
+LAYER_SOLVERS = _layer_solvers()

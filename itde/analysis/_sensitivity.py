@@ -253,10 +253,11 @@ def token_lyapunov_exponents(
     jac = _finite(jac)
     m = _mask_factor(jac)
     real = jnp.ones((n_tokens,), bool) if jac.mask is None else jac.mask
+    if isinstance(target, int):  # a padded or missing token is refused before any solve
+        target = _target_token(target, real, jac.mask is not None)
     pull = jac.pullback()
-    if isinstance(target, int):
-        j = _target_token(target, real, jac.mask is not None)
-        rows = jax.vmap(pull)(jnp.eye(d, dtype=u.dtype)[:, None, :] * _onehot(j, n_tokens, u))
+    if not isinstance(target, str):
+        rows = jax.vmap(pull)(jnp.eye(d, dtype=u.dtype)[:, None, :] * _onehot(target, n_tokens, u))
         blocks = jnp.swapaxes(rows, 0, 1)  # [i, a, b] = d u_{j,a}(t) / d u_{i,b}(s)
         sig = jnp.linalg.svd(blocks, compute_uv=False)[:, :k]
         zero = jnp.zeros((), jnp.int32)
