@@ -133,7 +133,12 @@ def solve(
     - `u0`: one initial state `[tokens, features]` (vmap for a batch).
     - `t1`: final depth (default `model.depth`; beyond it the controls are undefined).
     - `solver`: any diffrax solver whose terms fit the model's `SplitTerm` (default
-      `LieTrotter()`).
+      `LieTrotter()`). On per-layer controls it runs wrapped in
+      `itde_solvers.FrozenTime` with the layer boundaries as jumps, so that every
+      evaluation of a step reads the step's own layer, the last step's too; a
+      `FrozenTime` given here (at any depth of wrappers) gets the boundaries added to its
+      own `jump_ts` (its other jumps are kept: they only cost a re-evaluation where a
+      step starts on one).
     - `dt0`: the depth step (fixed-step solves; default one layer, `controls.default_step`).
     - `stepsize_controller`: e.g. `diffrax.PIDController(...)` for adaptive solves; then
       `dt0` is the initial step (or None to let diffrax choose).
