@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._blocks import as_block_form
+from ._blocks import AbstractBlockForm, as_block_form
 from ._checks import check_bool, check_dtype, check_int, check_key
 from ._operators._abstract import AbstractAttention, AbstractFeedForward, AbstractNorm
 from ._operators._affine import FeatureAffine
@@ -430,6 +430,37 @@ class PiecewiseConstant(AbstractControls):
         return jax.tree.map(lambda a: a[n], self.values)
 
 
+def layers_and_form(name: str, layers, block, where: str):
+    """`(controls, block form)` of a fit through a network's layers, from the network
+    itself (an equation: its per-layer controls and its block form) or from its
+    `PiecewiseConstant` controls and an explicit `block`. The fit reads each part where
+    the block form's scheme reads it, so it must know the form: per-layer controls do not
+    carry it, and a default would fit another network's reads (a post-norm fit of a
+    pre-norm model's norms is off by O(1) with no warning)."""
+    form = getattr(layers, "block", None)
+    if isinstance(form, AbstractBlockForm) and hasattr(layers, "controls"):
+        if block is not None and as_block_form(block).projected_parts != form.projected_parts:
+            raise ValueError(
+                f"`{where}({name}=...)` was given a model whose block form is "
+                f"{type(form).__name__}, and `block`={block!r}, which reads the norms at "
+                "other depths: the fit is the model's own only with its own block form. "
+                f"Omit `block` (it is taken from the model), or pass the controls "
+                f"`{name}.controls` with the block you mean."
+            )
+        check_layers(name, layers.controls, where)
+        return layers.controls, form
+    check_layers(name, layers, where)
+    if block is None:
+        raise TypeError(
+            f"`{where}({name}=...)` needs the block form the fit is for: the scheme reads a "
+            "post-norm block's norms at the layer ends and a pre-norm or parallel block's at "
+            "the starts, and per-layer controls do not say which. Pass the model itself "
+            f"(`{where}(m)`, which reads `m.block`) or `block=m.block` (e.g. "
+            "block=itde.PreNorm())."
+        )
+    return layers, as_block_form(block)
+
+
 def check_layers(name: str, controls, where: str) -> None:
     """A fit through layers needs per-layer controls."""
     if not isinstance(controls, PiecewiseConstant):
@@ -493,9 +524,7 @@ class LegendreControls(AbstractControls):
         return jax.tree.map(series, _part(self.coeffs, part))
 
     @classmethod
-    def from_layers(
-        cls, controls: PiecewiseConstant, n_modes: int | None = None, *, block="post_norm"
-    ) -> LegendreControls:
+    def from_layers(cls, layers, n_modes: int | None = None, *, block=None) -> LegendreControls:
         r"""Smooth controls through a network's layers: every parameter's Legendre series
         of degree `n_modes - 1`, fitted by least squares to its layer values at the depths
         the scheme reads them.
@@ -506,23 +535,24 @@ class LegendreControls(AbstractControls):
         $t_{n+1}$. So the operators are fitted at $t_0, \dots, t_{L-1}$ and the
         projections at $t_1, \dots, t_L$ (pre-norm and parallel blocks read their norms
         inside the operators, at the starts). With `n_modes` $= L$ the series interpolates
-        and `TransformerIDE(LegendreControls.from_layers(m.controls, block=m.block),
-        m.grid, block=m.block)` solved by Lie with `dt0` one layer is the network `m`, to
-        round-off; fewer modes smooth it (see `itde.fit_residuals`).
+        and `TransformerIDE(LegendreControls.from_layers(m), m.grid, block=m.block)`
+        solved by Lie with `dt0` one layer is the network `m`, to round-off; fewer modes
+        smooth it (see `itde.fit_residuals`).
 
         **Arguments:**
 
-        - `controls`: the network's per-layer controls, a
-          [`PiecewiseConstant`][itde.PiecewiseConstant].
+        - `layers`: the network, a [`TransformerIDE`][itde.TransformerIDE] with
+          per-layer controls (its block form is used), or its
+          [`PiecewiseConstant`][itde.PiecewiseConstant] controls (then `block` is
+          required: controls do not know the block form, and there is no default).
         - `n_modes`: the number of Legendre modes, 1 to the number of layers $L$
           (default $L$: interpolation).
-        - `block`: the block form the smooth model will be solved with (an instance or
-          a name of `itde.BLOCK_FORMS`; default the paper's post-norm block).
+        - `block`: with controls, the block form the smooth model will be solved with (an
+          instance or a name of `itde.BLOCK_FORMS`, e.g. `m.block`); with a model, omit it.
 
         **Returns:** `LegendreControls` on the layers' interval $[t_0, t_L]$.
         """
-        check_layers("controls", controls, "LegendreControls.from_layers")
-        form = as_block_form(block)
+        controls, form = layers_and_form("layers", layers, block, "LegendreControls.from_layers")
         L = controls.n_layers
         n_modes = L if n_modes is None else check_int("n_modes", n_modes)
         if not 1 <= n_modes <= L:

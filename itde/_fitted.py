@@ -13,16 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._blocks import as_block_form
 from ._checks import check_int
 from ._controls import (
     AbstractBlock,
     AbstractControls,
-    PiecewiseConstant,
     _check_blocks,
     _part,
     check_layering,
-    check_layers,
+    layers_and_form,
 )
 from ._reads import map_parts, part_names, read_side, read_times, reads_at_end
 
@@ -154,35 +152,34 @@ class SplineControls(AbstractControls):
         return jax.tree.map(horner, _part(self.pieces, part))
 
     @classmethod
-    def from_layers(
-        cls, controls: PiecewiseConstant, degree: int = 3, *, block="post_norm"
-    ) -> SplineControls:
+    def from_layers(cls, layers, degree: int = 3, *, block=None) -> SplineControls:
         r"""The spline through a network's layers, each part at the depths the scheme
         reads it: operators at the layer starts, the block form's projections
         (`projected_parts`: post-norm's `norm1`, `norm2`) at the layer ends; pre-norm and
         parallel blocks read every part at the starts. Then
-        `TransformerIDE(SplineControls.from_layers(m.controls, block=m.block), m.grid,
-        block=m.block)` solved by Lie at its default step (one layer) is the network `m`.
+        `TransformerIDE(SplineControls.from_layers(m), m.grid, block=m.block)` solved by
+        Lie at its default step (one layer) is the network `m`.
 
         **Arguments:**
 
-        - `controls`: the per-layer controls, a
-          [`PiecewiseConstant`][itde.PiecewiseConstant].
+        - `layers`: the network, a [`TransformerIDE`][itde.TransformerIDE] with
+          per-layer controls (its block form is used), or its
+          [`PiecewiseConstant`][itde.PiecewiseConstant] controls (then `block` is
+          required: controls do not know the block form, and there is no default).
         - `degree`: 1 (piecewise linear) or 3 (natural cubic spline, the default).
-        - `block`: the block form the model will be solved with (an instance or a name
-          of `itde.BLOCK_FORMS`; default the paper's post-norm block).
+        - `block`: with controls, the block form the model will be solved with (an
+          instance or a name of `itde.BLOCK_FORMS`, e.g. `m.block`); with a model, omit it.
 
         **Returns:** `SplineControls` on the layers' interval $[t_0, t_L]$, knot spacing
         the layer length.
         """
-        check_layers("controls", controls, "SplineControls.from_layers")
+        controls, form = layers_and_form("layers", layers, block, "SplineControls.from_layers")
         degree = check_int("degree", degree, minimum=1)
         if degree not in SPLINE_DEGREES:
             raise ValueError(
                 f"`degree`={degree} is not a spline degree here; choose 1 (piecewise linear) "
                 "or 3 (natural cubic)."
             )
-        form = as_block_form(block)
         L = controls.n_layers
 
         def fit_part(name, part):
@@ -198,9 +195,7 @@ class SplineControls(AbstractControls):
         return cls(pieces, controls.t0, controls.layer_length, degree)
 
 
-def fit_residuals(
-    smooth: AbstractControls, per_layer: PiecewiseConstant, *, block="post_norm"
-) -> dict[str, float]:
+def fit_residuals(smooth: AbstractControls, per_layer, *, block=None) -> dict[str, float]:
     r"""How far smooth controls are from a network's layers where the scheme reads them:
     for every parameter, $\max_n |\theta_{\mathrm{fit}}(\tau_n) - \theta_n| /
     \max_n |\theta_n|$ (the largest entry of each), with $\tau_n = t_n$ for operators and
@@ -214,20 +209,22 @@ def fit_residuals(
 
     - `smooth`: the fitted controls (any `itde.AbstractControls`, e.g.
       [`LegendreControls`][itde.LegendreControls] or [`SplineControls`][itde.SplineControls]).
-    - `per_layer`: the network's [`PiecewiseConstant`][itde.PiecewiseConstant] controls.
-    - `block`: the block form (an instance or a name of `itde.BLOCK_FORMS`; default
-      post-norm), which says which parts are read at the layer ends.
+    - `per_layer`: the network, a [`TransformerIDE`][itde.TransformerIDE] with per-layer
+      controls (its block form is used), or its
+      [`PiecewiseConstant`][itde.PiecewiseConstant] controls (then `block` is required).
+    - `block`: with controls, the block form (an instance or a name of
+      `itde.BLOCK_FORMS`, e.g. `m.block`), which says which parts are read at the layer
+      ends; with a model, omit it.
 
     **Returns:** a dict from each parameter's path (`"attention.wq"`, `"norm2.gain"`, ...)
     to its relative deviation, a float.
     """
-    check_layers("per_layer", per_layer, "fit_residuals")
+    per_layer, form = layers_and_form("per_layer", per_layer, block, "fit_residuals")
     if not isinstance(smooth, AbstractControls):
         raise TypeError(
             f"`fit_residuals(smooth=...)` needs itde controls (e.g. LegendreControls or "
             f"SplineControls), got {type(smooth).__name__}."
         )
-    form = as_block_form(block)
     L, out = per_layer.n_layers, {}
     for name in part_names(per_layer.values):
         ts = read_times(per_layer.t0, per_layer.layer_length, L, reads_at_end(form, name))
@@ -241,7 +238,7 @@ def fit_residuals(
                 f"`smooth` and `per_layer` have different parameters in `{name}`: "
                 f"{[jax.tree_util.keystr(p) for p, _ in got]} against "
                 f"{[jax.tree_util.keystr(p) for p, _ in want]}; fit `smooth` through "
-                "`per_layer` (e.g. `SplineControls.from_layers(per_layer)`)."
+                "`per_layer` (e.g. `SplineControls.from_layers(m)`)."
             )
         for (path, f), (_, a) in zip(got, want):
             f, a = np.asarray(f, np.float64), np.asarray(a, np.float64)

@@ -133,7 +133,12 @@ def solve(
     - `u0`: one initial state `[tokens, features]` (vmap for a batch).
     - `t1`: final depth (default `model.depth`; beyond it the controls are undefined).
     - `solver`: any diffrax solver whose terms fit the model's `SplitTerm` (default
-      `LieTrotter()`).
+      `LieTrotter()`). On per-layer controls it runs wrapped in
+      `itde_solvers.FrozenTime` with the layer boundaries as jumps, so that every
+      evaluation of a step reads the step's own layer, the last step's too; a
+      `FrozenTime` given here (at any depth of wrappers) gets the boundaries added to its
+      own `jump_ts` (its other jumps are kept: they only cost a re-evaluation where a
+      step starts on one).
     - `dt0`: the depth step (fixed-step solves; default one layer, `controls.default_step`).
     - `stepsize_controller`: e.g. `diffrax.PIDController(...)` for adaptive solves; then
       `dt0` is the initial step (or None to let diffrax choose).
@@ -306,13 +311,33 @@ def _is_projection(norm) -> bool:
 def _freeze_layers(controls, solver, t0: float, t1: float):
     """Per-layer controls are constant inside each layer and jump at its ends: every
     evaluation of a step must read the step's own layer, including a Runge–Kutta stage at
-    the step's end (which sits on the next layer's start). `FrozenTime` reads each step
-    at its midpoint, so every solver keeps its order; for the paper's scheme (vector
-    fields read at the step's start, projections at its end) it changes nothing."""
-    if not controls.constant_between_jumps or isinstance(solver, FrozenTime):
+    the step's end, which sits on the next layer's start. That holds for the last step of
+    a solve too: `t1` is a layer boundary with layers after it whenever the solve covers
+    part of the depth (a `FlowMap` over some layers), so the solver is wrapped whether or
+    not the interval holds a jump. `FrozenTime` reads each step at its midpoint, so every
+    solver keeps its order; for the paper's scheme (vector fields read at the step's
+    start, projections at its end) it changes nothing.
+
+    A solver the caller wrapped in `FrozenTime` (at any depth) gets the model's jumps in
+    the interval added to its own: a first-same-as-last method must re-evaluate after
+    every jump of the field, and one it was not told of makes it first order. Jumps of
+    its own that are not the model's are kept (they cost one evaluation where a step
+    starts on one and change nothing else)."""
+    if not controls.constant_between_jumps:
         return solver
     jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
-    return FrozenTime(solver, jumps) if jumps else solver
+
+    def merge(x):
+        if type(x) is FrozenTime:
+            return FrozenTime(merge_inner(x.solver), (*x.jump_ts, *jumps))
+        return x
+
+    def merge_inner(x):
+        return jax.tree.map(merge, x, is_leaf=lambda y: type(y) is FrozenTime)
+
+    solver = merge_inner(solver)
+    # diffrax's isinstance sees through wrappers: HalfSolver(FrozenTime(...)) is frozen
+    return solver if isinstance(solver, FrozenTime) else FrozenTime(solver, jumps)
 
 
 def _check_arguments(

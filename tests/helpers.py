@@ -40,3 +40,59 @@ def spread_hf_weights(model):
             else:
                 p.add_(0.3 * torch.randn_like(p))
     return model
+
+
+def _layer_solvers():
+    """name -> a factory of a solver whose steps end on the points of its step grid, so on
+    every layer boundary of a per-layer model. The flow maps of each compose exactly on
+    the layer grid (`tests/test_flow_maps.py`), forward and backward. `frozen-*` are
+    wrapped by the caller: one without jumps, one with jumps that are not the layers'.
+    Every solver class `itde_solvers` exports is in at least one entry (checked below);
+    diffrax's explicit Runge–Kutta methods by kind: two stages (Heun), first-same-as-last
+    of orders 3, 4 (RK4's fifth stage), 5 and 8."""
+    import diffrax
+
+    import itde_solvers as S
+
+    return {
+        "lie": S.LieTrotter,
+        "strang": S.Strang,
+        "parallel": S.ParallelSplitting,
+        "strang-rk4": lambda: S.Strang(S.RK4()),
+        "heun": diffrax.Heun,
+        "bosh3": diffrax.Bosh3,
+        "rk4": S.RK4,
+        "projected-rk4": lambda: S.Projected(S.RK4()),
+        "tsit5": diffrax.Tsit5,
+        "dopri5": diffrax.Dopri5,
+        "dopri8": diffrax.Dopri8,
+        "frozen-tsit5": lambda: S.FrozenTime(diffrax.Tsit5()),
+        "frozen-dopri8": lambda: S.FrozenTime(diffrax.Dopri8(), jump_ts=(0.5, 1.5)),
+    }
+
+
+LAYER_SOLVERS = _layer_solvers()
+
+
+def _check_layer_solvers() -> None:
+    import diffrax
+
+    import itde_solvers
+
+    exported = {
+        name
+        for name in itde_solvers.__all__
+        if isinstance(getattr(itde_solvers, name), type)
+        and issubclass(getattr(itde_solvers, name), diffrax.AbstractSolver)
+        and not name.startswith("Abstract")
+    }
+    seen = " ".join(repr(make()) for make in LAYER_SOLVERS.values())
+    missing = sorted(n for n in exported if f"{n}(" not in seen)
+    if missing:
+        raise RuntimeError(
+            f"itde_solvers exports the solvers {missing}, which tests/helpers.py's "
+            "LAYER_SOLVERS does not hold: add each (the flow-map semigroup tests cover it)."
+        )
+
+
+_check_layer_solvers()

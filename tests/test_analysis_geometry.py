@@ -233,7 +233,7 @@ def test_spectra_spline_controls_between_layers():
     the controls evaluated there, which are neither layer's."""
     r = np.random.default_rng(3)
     net = _model([_block(r, 6, 2, 1, 3, 8) for _ in range(3)])
-    spline = itde.TransformerIDE(itde.SplineControls.from_layers(net.controls), net.grid)
+    spline = itde.TransformerIDE(itde.SplineControls.from_layers(net), net.grid)
     s = A.spectra(spline, [1.5])
     att = _discrete(spline, 1.5, "attention")[0]
     _check_heads(jax.tree.map(lambda a: np.asarray(a)[0], _heads_of(s)), att)

@@ -209,6 +209,37 @@ def test_a_mask_restricts_the_jacobian_to_the_real_tokens(linear):
     assert np.all(np.isnan(np.asarray(tokens.exponents)[2]))
 
 
+@pytest.mark.parametrize("mask,last", [([1, 1, 0], 1), ([0, 1, 1], 2), ([1, 0, 1], 2)])
+def test_the_last_token_target_is_the_last_real_token(linear, mask, last):
+    """`target=-1` with padding is the last *real* token (right padding: token 1, not the
+    padded token 2): its block against each real input token is the propagator's, padded
+    inputs get NaN."""
+    M = np.asarray(jax.random.normal(jax.random.key(2), (12, 12))) / 3.0
+    real = np.asarray(mask, bool)
+    _, _, got, _ = linear(_linear_flow(M), jnp.ones((3, 4)), jnp.asarray(real), 1e-9, 200, True)
+    b = _propagator(M).reshape(3, 4, 3, 4)  # [output token, feature, input token, feature]
+    for j in range(3):
+        if real[j]:
+            ref = np.linalg.svd(b[last, :, j], compute_uv=False)
+            np.testing.assert_allclose(got.singular_values[j], ref, rtol=1e-10)
+        else:
+            assert np.all(np.isnan(np.asarray(got.singular_values[j])))
+
+
+def test_a_target_on_padding_is_refused(net, linear):
+    """An integer mask, concrete: refused before any solve, naming the fix; a traced mask
+    (inside `jax.jit`) when the function runs."""
+    model, u = net
+    mask = [1, 1, 1, 0]
+    with pytest.raises(ValueError, match=r"`target`=3 is a padded token.*one of \[0, 1, 2\]"):
+        token_lyapunov_exponents(model, u, target=3, mask=mask)
+    with pytest.raises(ValueError, match=r"`target`=-4 counts back 4 real tokens.*only 3"):
+        token_lyapunov_exponents(model, u, target=-4, mask=mask)
+    flow, none = _linear_flow(np.eye(12)), jnp.zeros((3,), bool)  # no real token to count back to
+    with pytest.raises(Exception, match=r"`target`=-1 is not a real token.*fewer than 1 real"):
+        jax.block_until_ready(linear(flow, jnp.ones((3, 4)), none, 1e-9, 200, True))
+
+
 def test_exponents_of_a_diagonal_flow_are_its_rates(linear):
     flow = _linear_flow(np.diag(RATES))
     spec, tokens, _, _ = linear(flow, jnp.ones((3, 4)), REAL, 1e-10, 200, True)

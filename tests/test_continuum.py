@@ -129,7 +129,7 @@ def test_regime_switch_lie_at_dt_one_is_the_transformer():
     model = itde.from_torch(enc)
     sol = itde.solve(model, jnp.asarray(x), solver=solvers.LieTrotter(), dt0=1.0)
     assert float(np.max(np.abs(np.asarray(sol.ys[-1]) - y))) < 1e-12
-    smooth = itde.TransformerIDE(itde.LegendreControls.from_layers(model.controls), model.grid)
+    smooth = itde.TransformerIDE(itde.LegendreControls.from_layers(model), model.grid)
     # it interpolates where the scheme reads: layer n's operators at its start t_n, its
     # projections at its end t_{n+1}; so Lie at dt = 1 is the encoder again
     layer1 = model.controls.layer(1)

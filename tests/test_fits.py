@@ -91,8 +91,8 @@ def test_fit_reads_operators_at_layer_starts_and_projections_at_ends(fit, block)
 
 def test_fewer_modes_leave_the_least_squares_residual():
     m = _network("post_norm")
-    c = itde.LegendreControls.from_layers(m.controls, 2)
-    res = itde.fit_residuals(c, m.controls)
+    c = itde.LegendreControls.from_layers(m, 2)
+    res = itde.fit_residuals(c, m)
     # an independent least-squares line through W^Q at the layer starts, and through the
     # second norm's gain at the layer ends
     v = m.controls.values
@@ -124,7 +124,7 @@ def _from_function(fn):
 def test_splines_are_exact_on_linear_data(degree):
     fn = lambda t: 0.5 - 0.3 * t  # noqa: E731
     per_layer, one = _from_function(fn)
-    c = itde.SplineControls.from_layers(per_layer, degree)
+    c = itde.SplineControls.from_layers(per_layer, degree, block="post_norm")
     for t in np.linspace(0.0, L - 1, 13):  # the operators' knots span [t_0, t_{L-1}]
         np.testing.assert_allclose(_at(c, t, part="attention").wq, fn(t) * one.attention.wq,
                                    atol=1e-13)  # fmt: skip
@@ -138,7 +138,7 @@ def test_natural_cubic_spline_interpolates_is_c2_and_has_zero_curvature_at_its_e
     spline does not reproduce: a cubic with zero curvature at both ends is a line."""
     p = lambda t: 1.0 + t - 0.7 * t**2 + 0.25 * t**3  # noqa: E731
     per_layer, one = _from_function(p)
-    c = itde.SplineControls.from_layers(per_layer, 3)
+    c = itde.SplineControls.from_layers(per_layer, 3, block="post_norm")
     scale = float(one.attention.wq[0, 0, 0])
 
     def w(t):
@@ -156,7 +156,7 @@ def test_natural_cubic_spline_interpolates_is_c2_and_has_zero_curvature_at_its_e
 
 def test_spline_is_constant_beyond_its_knots_and_reports_them_as_jumps():
     m = _network("post_norm")
-    c, v = itde.SplineControls.from_layers(m.controls, 3), m.controls.values
+    c, v = itde.SplineControls.from_layers(m, 3), m.controls.values
     assert c.jump_times() == (1.0, 2.0, 3.0) and (c.t0, c.t1, c.default_step) == (0.0, L, 1.0)
     for t in (L - 1.0, L - 0.5, L, L + 2.0):  # operators: beyond t_{L-1}
         np.testing.assert_allclose(_at(c, t, part="attention").wq, v.attention.wq[-1], atol=1e-13)
@@ -230,11 +230,11 @@ def test_rk4_keeps_order_four_through_linear_kinks_because_they_are_jumps():
 def test_fit_errors_name_the_argument_and_the_fix():
     m = _network("post_norm")
     with pytest.raises(ValueError, match=r"`degree`=2.*1 \(piecewise linear\) or 3"):
-        itde.SplineControls.from_layers(m.controls, 2)
+        itde.SplineControls.from_layers(m, 2)
     for bad in (0, L + 1):
         with pytest.raises(ValueError, match=rf"`n_modes`={bad} must be between 1 and the {L}"):
-            itde.LegendreControls.from_layers(m.controls, bad)
-    smooth = itde.LegendreControls.from_layers(m.controls)
+            itde.LegendreControls.from_layers(m, bad)
+    smooth = itde.LegendreControls.from_layers(m)
     for call in (lambda: itde.SplineControls.from_layers(smooth),
                  lambda: itde.LegendreControls.from_layers(smooth),
                  lambda: itde.fit_residuals(smooth, smooth)):  # fmt: skip

@@ -101,6 +101,12 @@ class FlowMap(eqx.Module):
     A depth $s$ inside a layer of per-layer controls is allowed: the step grid then
     restarts at $s$ and at every later layer boundary.
 
+    **Maps compose.** Every step reads its own layer (`itde.solve` freezes each step of
+    per-layer controls, `itde_solvers.FrozenTime`), including a last stage on $t$ when
+    layers follow it, so for $r$ on the step grid `FlowMap(model, r, t)` after
+    `FlowMap(model, s, r)` is `FlowMap(model, s, t)` to round-off, for every solver
+    whose steps end on the grid.
+
     **Arguments:**
 
     - `model`: a [`TransformerIDE`][itde.TransformerIDE] (any `AbstractEquation`), e.g.

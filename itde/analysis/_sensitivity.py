@@ -11,6 +11,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._abstract import AbstractEquation
@@ -232,7 +233,10 @@ def token_lyapunov_exponents(
 
     - `flow`: a [`FlowMap`][itde.analysis.FlowMap], or a model (`FlowMap(model)`).
     - `u`: the state at depth $s$, `[tokens, features]`, float32 or float64.
-    - `target`: `"all"`, `"self"` or an output token index (negative counts from the end).
+    - `target`: `"all"`, `"self"` or an output token: a position $j \ge 0$ (a real
+      token), or $j < 0$ counting back from the last *real* token (`-1`: the last real
+      token, whichever side the padding is on). A padded position, or more real tokens
+      counted back than `mask` has, is an error.
     - `k`: how many singular values per token, $1 \le k \le$ `features`.
     - `mask`: the key mask (`[tokens]`, False on padding): the solve uses it, and padded
       tokens get NaN.
@@ -249,8 +253,10 @@ def token_lyapunov_exponents(
     jac = _finite(jac)
     m = _mask_factor(jac)
     real = jnp.ones((n_tokens,), bool) if jac.mask is None else jac.mask
+    if isinstance(target, int):  # a padded or missing token is refused before any solve
+        target = _target_token(target, real, jac.mask is not None)
     pull = jac.pullback()
-    if isinstance(target, int):
+    if not isinstance(target, str):
         rows = jax.vmap(pull)(jnp.eye(d, dtype=u.dtype)[:, None, :] * _onehot(target, n_tokens, u))
         blocks = jnp.swapaxes(rows, 0, 1)  # [i, a, b] = d u_{j,a}(t) / d u_{i,b}(s)
         sig = jnp.linalg.svd(blocks, compute_uv=False)[:, :k]
@@ -376,7 +382,7 @@ def _mask_factor(jac: FlowJacobian):
     return jac.mask.astype(jac.u.dtype)[:, None]
 
 
-def _onehot(j: int, n_tokens: int, u):
+def _onehot(j, n_tokens: int, u):
     return (jnp.arange(n_tokens) == j).astype(u.dtype)[None, :, None]
 
 
@@ -444,7 +450,44 @@ def _check_target(target, n_tokens: int):
             f"`target`={j} is not a token of this sequence of {n_tokens}; give an index in "
             f"[{-n_tokens}, {n_tokens}) (e.g. the last real token), 'all' or 'self'."
         )
-    return j % n_tokens
+    return j
+
+
+def _target_token(j: int, real, masked: bool):
+    """The position of the output token `target`=`j` names, given the real tokens `real`
+    (`[tokens]` booleans): position `j` for `j >= 0`, which must be real; for `j < 0` the
+    `-j`-th real token from the end (so -1 is the last real token with padding on either
+    side). A concrete mask is checked here; a traced one when the function runs."""
+    n_tokens = real.shape[0]
+    if not masked:
+        return j % n_tokens
+    if not isinstance(real, jax.core.Tracer):
+        where = np.flatnonzero(np.asarray(real))
+        if j >= 0 and not bool(np.asarray(real)[j]):
+            raise ValueError(
+                f"`target`={j} is a padded token (`mask` is False there); give a real token's "
+                f"position, one of {where.tolist()[:8]}, or -1 for the last real token."
+            )
+        if j < 0 and -j > where.size:
+            raise ValueError(
+                f"`target`={j} counts back {-j} real tokens from the last one, but `mask` has "
+                f"only {where.size}; give target >= {-where.size} (-1: the last real token)."
+            )
+        return int(where[j]) if j < 0 else j
+    rank = jnp.cumsum(real.astype(jnp.int32))  # 1-based rank of each real token
+    if j >= 0:
+        index, bad = jnp.asarray(j, jnp.int32), ~real[j]
+    else:
+        want = rank[-1] + j + 1
+        index, bad = jnp.argmax(real & (rank == want)).astype(jnp.int32), want < 1
+    return eqx.error_if(
+        index,
+        bad,
+        f"itde.analysis: `target`={j} is not a real token of the sequence: "
+        + ("`mask` is False there; give a real token's position or -1 for the last real token."
+           if j >= 0 else f"`mask` has fewer than {-j} real tokens; give -1 for the last real "
+           "token."),
+    )  # fmt: skip
 
 
 def _maybe_throw(sig, ok, throw, max_iters):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -36,6 +37,35 @@ def _project_at(projection: Callable, t_fixed, t, y):
     return projection(t_fixed, y)
 
 
+def _direction(terms):
+    """+1 for a forward solve, -1 for a backward one: `diffeqsolve` runs a solve with
+    $t_0 > t_1$ in the time $-t$ and hands the solver its terms wrapped in `WrapTerm`."""
+    return terms.direction if isinstance(terms, WrapTerm) else 1
+
+
+def _as_jump_times(jump_ts) -> tuple[float, ...]:
+    """`jump_ts` as the sorted tuple of distinct finite floats `FrozenTime` holds; a
+    non-finite or non-real entry is refused (a jump at NaN matches no step and silently
+    freezes nothing)."""
+    if jump_ts is None:
+        return ()
+    try:
+        values = [float(t) for t in jump_ts]
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"`FrozenTime(jump_ts=...)` must be a sequence of real depths where the field "
+            f"jumps, e.g. jump_ts=(1.0, 2.0); got {jump_ts!r}."
+        ) from e
+    bad = [t for t in values if not math.isfinite(t)]
+    if bad:
+        raise ValueError(
+            f"`FrozenTime(jump_ts=...)` has the non-finite value(s) {bad}: a jump is a finite "
+            "depth where the field changes (e.g. a layer boundary); drop them, e.g. "
+            "jump_ts=(1.0, 2.0)."
+        )
+    return tuple(sorted(set(values)))
+
+
 def _at_time(terms, t):
     """`terms` with every vector field and projection read at time `t` (the user's
     time), keeping the structure the solvers look for (`WrapTerm`, `SplitTerm`,
@@ -65,6 +95,12 @@ class FrozenTime(AbstractForwardingSolver):
     first-same-as-last method (Tsit5, Dopri5, `RK4`) evaluates the new piece's field
     instead of reusing the old one's.
 
+    **Both directions.** In a backward solve ($t_0 > t_1$; diffrax runs it in the time
+    $-t$) the midpoint and the jumps are read in the user's time, so a step from $t_0$
+    down to $t_1$ reads the piece between them, and a step that starts on a jump going
+    down re-evaluates too. Solving forward over $[a, b]$ and $[b, c]$ gives the same map as
+    over $[a, c]$ whenever $b$ is a step end, in either direction (the semigroup property).
+
     **Order:** the wrapped solver's, for fields constant in time between consecutive
     jumps and steps that never straddle a jump. For a field that varies in time inside a
     piece the frozen clock is a first-order error: do not wrap such a solver.
@@ -73,13 +109,17 @@ class FrozenTime(AbstractForwardingSolver):
 
     - `solver`: the diffrax solver to wrap (a splitting solver, `Projected(...)`, or any
       other).
-    - `jump_ts`: the times where the field jumps (e.g. layer boundaries).
+    - `jump_ts`: the times where the field jumps (e.g. layer boundaries): finite reals,
+      stored sorted and without repeats. A jump that is not one of the field's costs
+      one extra evaluation of a step that starts there; a jump of the field missing from
+      them makes a first-same-as-last method reuse the old piece's field after it (order
+      1). `itde.solve` adds the model's jumps to those of a `FrozenTime` it is given.
 
     A backward adjoint solve (`diffrax.BacksolveAdjoint`) runs unfrozen.
     """
 
     solver: AbstractSolver
-    jump_ts: tuple[float, ...] = eqx.field(static=True, default=())
+    jump_ts: tuple[float, ...] = eqx.field(static=True, default=(), converter=_as_jump_times)
 
     def __check_init__(self):
         if not isinstance(self.solver, AbstractSolver):
@@ -105,14 +145,17 @@ class FrozenTime(AbstractForwardingSolver):
         return self.solver.strong_order(terms)
 
     def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(_at_time(terms, t0), t0, t1, y0, args)
+        # `t1` is the first step's end: read its piece, as `step` will (at `t0` itself, a
+        # backward solve starting on a jump would read the piece above it)
+        return self.solver.init(_at_time(terms, t0 + 0.5 * (t1 - t0)), t0, t1, y0, args)
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         mid = t0 + 0.5 * (t1 - t0)
         if self.jump_ts:
             jumps = jnp.asarray(self.jump_ts, jnp.result_type(t0))
             tol = 16 * jnp.finfo(jumps.dtype).eps * jnp.maximum(1.0, jnp.abs(jumps))
-            made_jump = made_jump | jnp.any(jnp.abs(t0 - jumps) <= tol)
+            start = t0 * _direction(terms)  # the step's start in the user's time
+            made_jump = made_jump | jnp.any(jnp.abs(start - jumps) <= tol)
         return self.solver.step(
             _at_time(terms, mid), t0, t1, y0, args, solver_state, made_jump
         )
