@@ -9,7 +9,7 @@ nothing else: a Gemma model handed to the Llama converter fails with the class n
 
 **No ignored field that changes the network.** A config field whose value is set is one of
 three kinds, decided from the installed `transformers` itself
-([`transformers_fields`][itde.interop._hf_family.transformers_fields]):
+(`transformers_fields`):
 
 - known to the family (`fields`: the fields its converter reads, refuses by value, or knows
   to leave the hidden states unchanged) or to every family (`_BASE_FIELDS`: names, labels,
@@ -119,7 +119,7 @@ class AbstractHFFamily(eqx.Module):
 
     def check_fields(self, model: Any, name: str) -> None:
         """Refuse a set config field of `model` (of class `name`) that may change what it
-        computes (see [`transformers_fields`][itde.interop._hf_family.transformers_fields])
+        computes (see `transformers_fields`)
         and that this family does not know (`fields`)."""
         semantic = transformers_fields(type(model), type(model.config))
         unknown = sorted(

@@ -276,7 +276,7 @@ class HFCausalLM(eqx.Module):
                 f"`input_ids` must be [batch, tokens] or [tokens], got shape {ids.shape}."
             )
         mask = None if attention_mask is None else jnp.asarray(attention_mask)
-        labels = ids if labels is None else jnp.asarray(labels)
+        labels = None if labels is None else jnp.asarray(labels)
         for what, x in (("attention_mask", mask), ("labels", labels)):
             if x is not None and (x[None] if one else x).shape != ids.shape:
                 raise ValueError(
@@ -285,7 +285,8 @@ class HFCausalLM(eqx.Module):
                 )
         if one:
             mask = None if mask is None else mask[None]
-            labels = labels[None]
+            labels = None if labels is None else labels[None]
+        labels = ids if labels is None else labels  # the default: the input itself
         if not jnp.issubdtype(labels.dtype, jnp.integer):
             raise TypeError(f"`labels` must hold integer ids, got dtype {labels.dtype}.")
         vocab = self.vocab_size
