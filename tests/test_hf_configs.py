@@ -168,7 +168,8 @@ def test_metadata_is_accepted_and_changes_nothing():
 def test_a_field_transformers_reads_is_refused_with_where(field, value, where):
     model = _tiny_llama()
     setattr(model.config, field, value)
-    with pytest.raises(ValueError, match=rf"`config\.{field}`={re.escape(repr(value))}.*LlamaFamily.*{where}"):
+    pattern = rf"`config\.{field}`={re.escape(repr(value))}.*LlamaFamily.*{where}"
+    with pytest.raises(ValueError, match=pattern):
         itde.from_hf(model)
 
 
@@ -215,3 +216,89 @@ def test_a_field_the_family_ignores_is_accepted_and_exact():
         ref = model(torch.as_tensor(ids[None])).last_hidden_state[0].numpy()
     out = np.asarray(itde.from_hf(model)(jnp.asarray(ids)))
     assert np.max(np.abs(out - ref)) <= 1e-10 * np.max(np.abs(ref))
+
+
+# ---------------------------------------------------------------- edges (issue 33, section 6)
+def test_mistral_head_model_with_a_window_round_trips():
+    """`to_hf(from_hf(MistralForCausalLM))` with `sliding_window=4` was refused ("attends
+    within None"): the head family now attends as its base family does. The model written
+    back has the same state and window, and its logits past the window are the itde
+    model's."""
+    config = tf.MistralConfig(
+        vocab_size=32, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=4,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = spread_hf_weights(tf.MistralForCausalLM(config)).double().eval()
+    lm = itde.from_hf(model)
+    back = lm.to_hf()
+    assert type(back) is tf.MistralForCausalLM and back.config.sliding_window == 4
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    ids = np.arange(2, 12)  # 10 tokens: the window of 4 matters
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = back(torch.as_tensor(ids[None])).logits[0].numpy()
+    out = np.asarray(lm.logits(jnp.asarray(ids)))
+    assert np.max(np.abs(out - ref)) <= 1e-10 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("value", [0, -2])  # a float or bool: MistralConfig refuses it
+def test_a_bad_sliding_window_is_named_before_work(value):
+    config = tf.MistralConfig(
+        vocab_size=32, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = tf.MistralModel(config)
+    model.config.sliding_window = value
+    with pytest.raises(ValueError, match=rf"^`config\.sliding_window`={value!r} is not supported:"
+                       r".*integer >= 1.*None for attention without a window\.$"):  # fmt: skip
+        itde.from_hf(model)
+
+
+def test_rotary_pct_zero_is_named_before_work():
+    config = tf.GPTNeoXConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=20, rotary_pct=0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^`config\.rotary_pct`=0 .*partial_rotary_factor.*none "
+                       r"of the 8 features.*rotary_pct >= 0\.25\)\.$"):  # fmt: skip
+        itde.from_hf(tf.GPTNeoXModel(config))
+
+
+def _saved_gpt2(path):
+    config = tf.GPT2Config(vocab_size=32, n_embd=8, n_layer=1, n_head=2, n_positions=16)
+    torch.manual_seed(0)
+    tf.GPT2LMHeadModel(config).save_pretrained(path)
+    return path / "model.safetensors"
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda b: b[:-100], r"lies at bytes \d+\.\.\d+ of \d+ data bytes"),  # truncated
+        (lambda b: b"\xff" * 8 + b[8:], r"header claims \d+ bytes"),  # header length
+        (lambda b: b[:8] + b"#" + b[9:], r"header is not JSON"),
+        (lambda b: b[:5], r"5 bytes, shorter than the 8-byte header length"),
+        (lambda b: b + b"\0" * 8, r"its tensors fill \d+ of its \d+ data bytes"),  # extra bytes
+    ],
+)
+def test_a_corrupted_safetensors_file_is_named_with_the_fix(tmp_path, damage, why):
+    """A damaged weights file under `[model] init = "hf:DIR"` (and `--hf DIR`) is one line
+    naming the key, the file and the fix, before transformers starts loading; the intact
+    directory passes the same check and loads."""
+    from itde.interop._hf_files import check_safetensors
+    from itde.train import _finetune
+
+    weights = _saved_gpt2(tmp_path)
+    check_safetensors(tmp_path, "model.init")  # intact: no error
+    weights.write_bytes(damage(weights.read_bytes()))
+    pattern = (rf"^`model\.init`: the weights file model\.safetensors in .* is not a whole "
+               rf"safetensors file \([^()]*{why}[^()]*\): it is truncated or corrupted; save "
+               r"the model there again with `model\.save_pretrained\(DIR\)`\.$")  # fmt: skip
+    with pytest.raises(ValueError, match=pattern):
+        _finetune.converted(tmp_path)
+    from itde.cli._model_study import _hf_problem
+
+    with pytest.raises(ValueError, match=r"^`--hf`: the weights file model\.safetensors"):
+        _hf_problem(str(tmp_path), None, 2)
