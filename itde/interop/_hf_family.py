@@ -126,7 +126,7 @@ class AbstractHFFamily(eqx.Module):
             (k, v)
             for k, v in config_fields(model.config).items()
             if k not in _BASE_FIELDS and k not in self.fields and k in semantic
-            and not _off(k, v)
+            and k != "quantization_config" and not _off(k, v)
         )  # fmt: skip
         if unknown:
             k, v = unknown[0]
@@ -238,11 +238,17 @@ def transformers_fields(model_cls: type, config_cls: type) -> dict[str, str]:
 
 
 def check_weights(model) -> None:
-    """Refuse a model whose parameters are not all floating point (quantized weights kept
-    packed, e.g. by a GGUF or bitsandbytes loader): the converter reads every weight as a
-    matrix of numbers, which a packed weight is not."""
+    """Refuse a model whose parameters are not all float16, bfloat16, float32 or float64
+    (quantized weights kept packed, e.g. by a GGUF, bitsandbytes or FP8 loader, whose forward
+    unpacks or rescales them): the converter reads every weight as the matrix it multiplies
+    by. A model whose quantized checkpoint was dequantized on loading (transformers' GGUF
+    loader for Llama) holds plain weights and converts; its `config.quantization_config`
+    says how the file stored them, not what the model computes."""
+    import torch
+
+    plain = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     for pname, p in getattr(model, "named_parameters", lambda: ())():
-        if not p.dtype.is_floating_point:
+        if p.dtype not in plain:
             quant = getattr(getattr(model, "config", None), "quantization_config", None)
             raise ValueError(
                 f"`model`'s parameter `{pname}` is {p.dtype}, a quantized weight kept packed "
