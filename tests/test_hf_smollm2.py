@@ -10,6 +10,7 @@ about 20 s on an idle 2-core machine); the logits and the loss run in the defaul
 greedy generation (transformers' `generate` in float64 is the slow part) under `-m slow`.
 """
 
+import equinox as eqx
 import numpy as np
 import pytest
 import torch
@@ -83,11 +84,12 @@ def test_logits_and_loss_equal_transformers(smollm2):
     with torch.no_grad(), itde.interop.hf_float64():
         out = model(torch.as_tensor(ids[None]), labels=torch.as_tensor(ids[None]))
     ref, ref_loss = out.logits[0].numpy(), float(out.loss)
-    ours = np.asarray(lm.logits(ids))
+    # one compiled program for both (one sequence: labels default to the input itself)
+    logits, loss = eqx.filter_jit(lambda lm, i: (lm.logits(i), lm.loss(i)))(lm, ids)
+    ours, loss = np.asarray(logits), float(loss)
     err = np.max(np.abs(ours - ref)) / np.max(np.abs(ref))
     assert err <= 1e-12, err
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
-    loss = float(lm.loss(ids))  # one sequence, labels = the input (no batch axis needed)
     assert abs(loss - ref_loss) <= 1e-12 * ref_loss, (loss, ref_loss)
 
 
