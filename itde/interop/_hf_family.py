@@ -5,17 +5,41 @@ file (`_hf_<family>.py`) plus one entry per model class in `itde.interop.HF_FAMI
 `from_hf` and `to_hf` only look the class up and call the family's methods.
 
 **No silent routing.** A family converts the model classes it lists in `classes` and
-nothing else, and refuses any config field it does not know (`fields`: the fields it reads,
-refuses by value, or that leave the hidden states unchanged) whose value is set: a Gemma
-model handed to the Llama converter, or a Llama config carrying Mistral's
-`sliding_window`, fails with the class or the field named, never with a model that
-computes something else.
+nothing else: a Gemma model handed to the Llama converter fails with the class named.
+
+**No ignored field that changes the network.** A config field whose value is set is one of
+three kinds, decided from the installed `transformers` itself
+(`transformers_fields`):
+
+- known to the family (`fields`: the fields its converter reads, refuses by value, or knows
+  to leave the hidden states unchanged) or to every family (`_BASE_FIELDS`: names, labels,
+  output switches): converted, or refused by the family's own checks with the reason;
+- *semantic*: the model's config class defines it (a dataclass field, a parameter of its
+  `__init__`, an `attribute_map` name), or the transformers code that runs the model reads
+  it (`config.<name>`, `getattr(config, "<name>")` in the modules of the model class, of the
+  classes it inherits from, and of every transformers module those import from): it may
+  change what the model computes, so a family that does not know it refuses it by name
+  (a Llama config carrying Mistral's `sliding_window`, which transformers' cache and masks
+  read);
+- *metadata*: neither defined nor read (`_model_name_or_path`, `unk_token_id`,
+  `is_llama_config`, `transformers.js_config`, which hub configs carry): transformers keeps
+  it on the config and never looks at it, so it cannot change the network, and is accepted.
+
+The scan reads the installed sources once per model class (cached): a field a later
+transformers starts reading is refused without a change here. A textual read is an
+over-approximation (a docstring's `config.x` counts too), which errs on refusing.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import functools
+import inspect
 import json
+import re
+import sys
+import types
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import equinox as eqx
@@ -78,23 +102,39 @@ class AbstractHFFamily(eqx.Module):
         return ()
 
     def check(self, model: Any, name: str) -> None:
-        """Refuse a model class or a config field this family does not convert."""
+        """Refuse a model class, packed weights, or a config field this family does not
+        convert."""
+        self.check_class(name)
+        check_weights(model)
+        self.check_fields(model, name)
+
+    def check_class(self, name: str) -> None:
+        """Refuse a model class this family does not list."""
         if name not in self.classes:
             raise TypeError(
                 f"`model` is a {name}, which {type(self).__name__} does not convert (it "
                 f"converts {', '.join(self.classes)}): another family's forward is not this "
                 "one's even where their configs look alike."
             )
+
+    def check_fields(self, model: Any, name: str) -> None:
+        """Refuse a set config field of `model` (of class `name`) that may change what it
+        computes (see `transformers_fields`)
+        and that this family does not know (`fields`)."""
+        semantic = transformers_fields(type(model), type(model.config))
         unknown = sorted(
             (k, v)
             for k, v in config_fields(model.config).items()
-            if k not in _BASE_FIELDS and k not in self.fields and not _off(k, v)
-        )
+            if k not in _BASE_FIELDS and k not in self.fields and k in semantic
+            and k != "quantization_config" and not _off(k, v)
+        )  # fmt: skip
         if unknown:
             k, v = unknown[0]
             raise ValueError(
-                f"`config.{k}`={v!r} is not a field {type(self).__name__} converts (the "
-                f"converted model would ignore it){_more(unknown)}; it reads "
+                f"`config.{k}`={v!r} is not a field {type(self).__name__} converts: "
+                f"{semantic[k]}, so it may change what {name} computes, and the converted "
+                f"model would ignore it{_more(unknown)}. Remove it (or set it to None) if "
+                f"the model does not use it; {type(self).__name__} reads "
                 f"{', '.join(sorted(self.fields))}."
             )
 
@@ -117,6 +157,104 @@ def _off(key: str, v) -> bool:
     if key in _ON_BY_DEFAULT:
         return v is None or v is True
     return any(v is o for o in _OFF) or v == {} or v == []
+
+
+# A read of a config field in transformers' source: `config.<name>` (also `self.config.x`,
+# `model.config.x`) or `getattr(config, "<name>"` / `hasattr(...)`.
+_READ = re.compile(
+    r"""\bconfig\.([A-Za-z_]\w*)"""
+    r"""|\b(?:getattr|hasattr)\(\s*[\w.]*config\s*,\s*["']([A-Za-z_]\w*)["']"""
+)
+
+
+@functools.cache
+def _reads(module_name: str) -> frozenset[str]:
+    """The config fields the source of the module `module_name` reads."""
+    try:
+        source = inspect.getsource(sys.modules[module_name])
+    except (OSError, TypeError, KeyError):  # no source (a compiled module): nothing read
+        return frozenset()
+    return frozenset(a or b for a, b in _READ.findall(source))
+
+
+def _imported(module: types.ModuleType) -> set[str]:
+    """`module` and the transformers modules it imports from (its functions, classes and
+    modules' own modules)."""
+    found = {module.__name__}
+    for value in vars(module).values():
+        if isinstance(value, types.ModuleType):
+            owner = value.__name__
+        else:
+            owner = getattr(value, "__module__", None)
+        if isinstance(owner, str) and owner.split(".")[0] == "transformers":
+            found.add(owner)
+    return found
+
+
+@functools.cache
+def transformers_fields(model_cls: type, config_cls: type) -> dict[str, str]:
+    """The config fields that may change what a `model_cls` computes, each with why: those
+    its config class `config_cls` defines (dataclass fields, `__init__` parameters,
+    `attribute_map` names, along its MRO), and those the transformers code running it reads
+    (the modules of `model_cls` and of its transformers base classes, and every transformers
+    module those import from). Any other field of a config is metadata (see the module's
+    docstring). Computed once per pair of classes."""
+    why: dict[str, str] = {}
+    own = sys.modules[model_cls.__module__]
+    near = _imported(own)  # the model's module and what it imports: named first
+    modules = set(near)
+    for cls in model_cls.__mro__:
+        if cls.__module__.split(".")[0] == "transformers":
+            modules |= _imported(sys.modules[cls.__module__])
+    order = sorted(modules, key=lambda m: (m != own.__name__, m not in near, m))
+    where: dict[str, list[str]] = {}
+    for module in order:
+        for field in _reads(module):
+            where.setdefault(field, []).append(module.removeprefix("transformers."))
+    for field, mods in where.items():
+        shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
+        why[field] = f"transformers reads it ({shown})"
+    for cls in reversed(config_cls.__mro__):
+        if cls is object:
+            continue
+        defined: set[str] = set()
+        if dataclasses.is_dataclass(cls):
+            defined |= {f.name for f in dataclasses.fields(cls)}
+        init = vars(cls).get("__init__")
+        if init is not None:
+            try:
+                params = inspect.signature(init).parameters.values()
+            except (TypeError, ValueError):  # pragma: no cover - a builtin __init__
+                params = ()
+            defined |= {
+                p.name for p in params
+                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
+            }  # fmt: skip
+        for k, v in (vars(cls).get("attribute_map") or {}).items():
+            defined |= {k, v}
+        for field in defined:
+            why[field] = f"{config_cls.__name__} defines it"
+    return why
+
+
+def check_weights(model) -> None:
+    """Refuse a model whose parameters are not all float16, bfloat16, float32 or float64
+    (quantized weights kept packed, e.g. by a GGUF, bitsandbytes or FP8 loader, whose forward
+    unpacks or rescales them): the converter reads every weight as the matrix it multiplies
+    by. A model whose quantized checkpoint was dequantized on loading (transformers' GGUF
+    loader for Llama) holds plain weights and converts; its `config.quantization_config`
+    says how the file stored them, not what the model computes."""
+    import torch
+
+    plain = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    for pname, p in getattr(model, "named_parameters", lambda: ())():
+        if p.dtype not in plain:
+            quant = getattr(getattr(model, "config", None), "quantization_config", None)
+            raise ValueError(
+                f"`model`'s parameter `{pname}` is {p.dtype}, a quantized weight kept packed "
+                f"(`config.quantization_config`={quant!r}); itde converts floating-point "
+                "weights: load the model with its weights dequantized."
+            )
 
 
 def _more(unknown) -> str:

@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from .._operators._precision import contract, wide
 from .._roles import kernel
 from . import _hf_glue as g
-from ._hf_family import AbstractHFFamily
+from ._hf_family import AbstractHFFamily, check_weights
 from ._hf_model import HFTransformer
 
 IGNORE = -100  # Hugging Face's `ignore_index` for labels
@@ -65,7 +65,10 @@ class CausalLMFamily(AbstractHFFamily):
         return self.base_family.fields
 
     def check(self, model, name):
-        super().check(model, name)
+        self.check_class(name)
+        check_weights(model)
+        # the head model's fields, as the base family knows them (its name in the message)
+        self.base_family.check_fields(model, name)
         base = getattr(model, self.base)
         self.base_family.check(base, type(base).__name__)
         for field, off in _HEAD_OPTIONS.items():
@@ -116,6 +119,10 @@ class CausalLMFamily(AbstractHFFamily):
             )
         if head.bias is not None:
             g.put(head.bias, m.head_bias)
+
+    def window(self, config):
+        """The base family's window: the head model attends as its base model does."""
+        return self.base_family.window(config)
 
     def float64_patches(self):
         import transformers
@@ -270,7 +277,7 @@ class HFCausalLM(eqx.Module):
                 f"`input_ids` must be [batch, tokens] or [tokens], got shape {ids.shape}."
             )
         mask = None if attention_mask is None else jnp.asarray(attention_mask)
-        labels = ids if labels is None else jnp.asarray(labels)
+        labels = None if labels is None else jnp.asarray(labels)
         for what, x in (("attention_mask", mask), ("labels", labels)):
             if x is not None and (x[None] if one else x).shape != ids.shape:
                 raise ValueError(
@@ -279,7 +286,8 @@ class HFCausalLM(eqx.Module):
                 )
         if one:
             mask = None if mask is None else mask[None]
-            labels = labels[None]
+            labels = None if labels is None else labels[None]
+        labels = ids if labels is None else labels  # the default: the input itself
         if not jnp.issubdtype(labels.dtype, jnp.integer):
             raise TypeError(f"`labels` must hold integer ids, got dtype {labels.dtype}.")
         vocab = self.vocab_size

@@ -30,6 +30,13 @@ class MistralFamily(AbstractLlamaLike):
     def check(self, model, name):
         super().check(model, name)
         causal_checks(model.config)
+        w = getattr(model.config, "sliding_window", None)
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(
+                f"`config.sliding_window`={w!r} is not supported: it is the number of tokens "
+                "each query reads (itself and those before it), so it must be an integer >= 1; "
+                "set it to None for attention without a window."
+            )
 
     def window(self, config):
         """Mistral's `sliding_window = W`: a query attends to the keys less than W tokens

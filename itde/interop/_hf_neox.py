@@ -69,6 +69,17 @@ class GPTNeoXFamily(AbstractHFFamily):
     def check(self, model, name):
         super().check(model, name)
         causal_checks(model.config)
+        if int(model.rotary_emb.inv_freq.shape[-1]) == 0:
+            params = model.config.rope_parameters or {}
+            factor = params.get("partial_rotary_factor")
+            head = model.config.hidden_size // model.config.num_attention_heads
+            raise ValueError(
+                f"`config.rotary_pct`={factor!r} (`config.rope_parameters"
+                f"['partial_rotary_factor']`) is not supported: it rotates none of the {head} "
+                f"features of a head, a {name} without positions, which itde does not "
+                f"convert; give a fraction with at least 2 rotary features per head "
+                f"(rotary_pct >= {2 / head:g})."
+            )
 
     def convert(self, model, name):
         config = model.config

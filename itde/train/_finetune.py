@@ -44,6 +44,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from .._controls import LegendreControls, PiecewiseConstant
+from ..interop._hf_files import check_safetensors
 from ._model import TokenModel, check_depth
 
 __all__ = ["init_from_hf", "lm_from_token_model", "token_model_from_lm", "write_hf"]
@@ -71,6 +72,7 @@ def check_dir(path: Path, name: str = "model.init") -> Path:
         raise ValueError(f"`{name}`='hf:{path}' holds no config.json; {fix}.")
     if not any(any(path.glob(p)) for p in _WEIGHTS):
         raise ValueError(f"`{name}`='hf:{path}' holds no weights (*.safetensors or *.bin); {fix}.")
+    check_safetensors(path, name)  # a truncated file: named here, not by safetensors
     return path
 
 
