@@ -53,20 +53,23 @@ def foreign_tokenizer_dir(tmp_path_factory):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "river", "is", "a", "clock",
              "that", "nobody", "wound", "it", "keeps", "time"]  # fmt: skip
     (path / "vocab.txt").write_text("\n".join(words) + "\n")
-    config = tf.BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1,
-                           num_attention_heads=2, intermediate_size=12,
-                           max_position_embeddings=32)  # fmt: skip
     torch.manual_seed(0)
-    tf.BertModel(config, add_pooling_layer=False).save_pretrained(path / "bert")
-    tf.BertTokenizer(str(path / "vocab.txt")).save_pretrained(path / "bert")
+    for vocab in (8, 15):  # 15: the largest id (15, "time") just one past the last row
+        config = tf.BertConfig(vocab_size=vocab, hidden_size=8, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=12,
+                               max_position_embeddings=32)  # fmt: skip
+        tf.BertModel(config, add_pooling_layer=False).save_pretrained(path / f"bert{vocab}")
+        tf.BertTokenizer(str(path / "vocab.txt")).save_pretrained(path / f"bert{vocab}")
     text = path / "inputs.txt"
     text.write_text("the river is a clock\nit keeps time\n")
-    return path / "bert", text
+    return path / "bert8", text
 
 
-@pytest.mark.parametrize("command", ["analyze", "converge"])
-def test_hf_tokenizer_ids_beyond_the_vocabulary(foreign_tokenizer_dir, tmp_path, capsys, command):
+@pytest.mark.parametrize(("command", "vocab"), [("analyze", 8), ("converge", 15)])
+def test_hf_tokenizer_ids_beyond_the_vocabulary(foreign_tokenizer_dir, tmp_path, capsys,
+                                                command, vocab):  # fmt: skip
     directory, text = foreign_tokenizer_dir
+    directory = directory.with_name(f"bert{vocab}")
     argv = [command, "--hf", str(directory), "--text", str(text), "--inputs", "2",
             "--out", str(tmp_path / "o")]  # fmt: skip
     assert main(argv + (["--no-lyapunov"] if command == "analyze" else [])) == 2
@@ -74,7 +77,7 @@ def test_hf_tokenizer_ids_beyond_the_vocabulary(foreign_tokenizer_dir, tmp_path,
     assert "Traceback" not in err and "EquinoxRuntimeError" not in err, err
     last = err.strip().splitlines()[-1]  # transformers may report its loading above
     assert last.startswith("itde: error: `--hf`=") and str(directory) in last, last
-    assert "token id 15" in last and "embeds only 8 ids" in last, last
+    assert "token id 15" in last and f"embeds only {vocab} ids" in last, last
     assert "save the model's own tokenizer" in last, last
 
 
