@@ -82,3 +82,13 @@ def check_output_location(path: str | Path, name: str = "--out") -> None:
         )
     if existing.exists() and not os.access(existing, os.W_OK):
         raise PermissionError(f"`{name}` {str(path)!r} is not writable; give another directory.")
+    if existing.exists():
+        # `os.access` answers yes to root everywhere and knows nothing of /proc or /sys:
+        # create (and remove) an empty directory where the output would go
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".itde-probe-", dir=existing))
+        except OSError as e:
+            raise PermissionError(
+                f"`{name}` {str(path)!r} cannot be created as a directory ({e.strerror} in "
+                f"{str(existing)!r}); give another path."
+            ) from None

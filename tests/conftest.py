@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import cli_coverage
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -78,10 +79,31 @@ settings.load_profile("itde-ci" if os.environ.get("CI") else "itde")
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "runs(*commands): the test runs these `itde` commands (keys of tests/cli_coverage.py) "
+        "to completion; it fails if one did not run, and test_commands.py requires every "
+        "command to be run so by a default-tier test",
+    )
+    cli_coverage.start_recording()
     if importlib.util.find_spec("torch") is None:
         raise pytest.UsageError(
             "torch is not installed, but it is a test dependency (the PyTorch reference of "
             'the equivalence tests): install it with `pip install -e ".[test,torch]"`.'
+        )
+
+
+@pytest.fixture(autouse=True)
+def _commands_the_test_says_it_runs(request):
+    """A test marked `@pytest.mark.runs(KEY, ...)` must have completed each command (in
+    this process, its fixtures included): the marker is what `test_commands.py` counts."""
+    marker = request.node.get_closest_marker("runs")
+    yield
+    if marker is not None:
+        missing = [k for k in marker.args if k not in cli_coverage.README_KEYS
+                   and k not in cli_coverage.RAN]  # fmt: skip
+        assert not missing, (
+            f"marked as running {missing}, which did not complete; ran {sorted(cli_coverage.RAN)}"
         )
 
 

@@ -137,6 +137,7 @@ n_tokens = 5
 """
 
 
+@pytest.mark.runs("analyze --config")
 def test_cli_analyze_writes_the_json_and_figure(tmp_path, capsys):
     """The command on a random model of a solve config (the exponents, the costly part,
     are checked on the library call above)."""
@@ -183,6 +184,7 @@ def test_cli_analyze_refuses_bad_arguments(tmp_path, capsys, argv, said):
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.runs("analyze --hf")
 def test_cli_analyze_a_hugging_face_directory_reads_the_network(tmp_path, capsys):
     """`--hf`: the converted network itself (not its continuum form): the spectra are those
     of the checkpoint's own query and key weights."""

@@ -69,6 +69,7 @@ def _assert_solve_output(out, stdout, n_layers, tol):
     _assert_png(out / "trajectory.png", 10, 3.8)
 
 
+@pytest.mark.runs("solve")
 def test_solve_writes_summary_and_plot(tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
@@ -158,6 +159,7 @@ steps = [4, 8, 16]
 """
 
 
+@pytest.mark.runs("converge --axis depth")
 def test_converge_writes_json_schema_and_plot(tmp_path, capsys):
     cfg = tmp_path / "conv.toml"
     cfg.write_text(CONVERGE_TINY)

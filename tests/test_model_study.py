@@ -99,6 +99,7 @@ checkpoint_every = 2
 """
 
 
+@pytest.mark.runs("train sort", "converge --checkpoint")
 def test_cli_studies_a_trained_checkpoint(tmp_path, capsys):
     cfg = tmp_path / "sort.toml"
     cfg.write_text(SORT)
@@ -145,6 +146,7 @@ def _hf_dir(tmp_path):
     return tmp_path / "bert", text
 
 
+@pytest.mark.runs("converge --hf")
 def test_cli_studies_a_hugging_face_directory(tmp_path, capsys):
     directory, text = _hf_dir(tmp_path)
     out = tmp_path / "study"

@@ -1,16 +1,17 @@
-"""Every code block of README.md runs as written.
+"""Every code block of README.md runs as written, in the default suite.
 
 - `python` blocks: each in a namespace of its own (no block leans on another's names), in a
-  fresh interpreter started in a scratch directory holding a copy of `configs/`; the
-  training block (it trains) with `-m slow`.
-- `bash` blocks: every `itde` command runs (`python -m itde.cli`, same arguments) in a
-  scratch directory, with the smaller settings the README states next to the block; the
-  install line is checked against `pyproject.toml`; the suite does not run itself.
+  fresh interpreter started in a scratch directory holding a copy of `configs/`.
+- `bash` blocks: every `itde` command runs (`itde.cli.main`, same arguments, in the test
+  process) in a scratch directory, with the smaller settings the README states next to the
+  block; the install line is checked against `pyproject.toml`; the suite does not run
+  itself.
 - `text` blocks: the layout listing; every file and folder it names exists.
 
-Running the blocks compiles small models (15-60 s a test on a 2-core CPU), so those tests
-are `-m slow`; the default run checks that every block parses, every `itde` command's
-options and choices exist, and the layout's files exist.
+The blocks are small by design (the model blocks compile small models, about 30 s
+together on a 2-core CPU; the training block and `itde train` take 20 steps), so they run
+by default: a README command that stops working fails the suite (`test_commands.py` checks
+that every README block and command is run so).
 """
 
 import json
@@ -111,35 +112,30 @@ def _run_python(blocks, cwd):
     return res.stdout
 
 
-def _python_blocks(training: bool):
-    return [(line, code) for code, line in _blocks("python") if ("tr.train(" in code) == training]
-
-
-@pytest.mark.slow  # 3 fresh compiles of small models: 17-24 s each on a 2-core CPU
+@pytest.mark.runs("README.md python blocks")
 def test_python_blocks_run_as_written(tmp_path):
-    """The model blocks (from PyTorch, continuous depth, function kernels, the family, the
-    Hugging Face conversion)."""
-    blocks = _python_blocks(training=False)
-    assert len(blocks) == 5
+    """Every Python block, in order, in one fresh interpreter (one import of JAX and
+    PyTorch), each in its own namespace: the model blocks (from PyTorch, continuous depth,
+    function kernels, the family, the Hugging Face conversion, the continuum of a network)
+    and the training block (20 steps, evaluation, `tr.load`)."""
+    blocks = [(line, code) for code, line in _blocks("python")]
+    assert sum("tr.train(" in code for _, code in blocks) == 1  # the training block
     out = _run_python(blocks, _scratch(tmp_path))
     assert "(5, 8, 12)" in out and "(16, 16) (32, 32)" in out
-
-
-@pytest.mark.slow  # it trains (20 steps) and evaluates
-def test_training_python_block_runs_as_written(tmp_path):
-    blocks = _python_blocks(training=True)
-    assert len(blocks) == 1
-    out = _run_python(blocks, _scratch(tmp_path))
     assert "checkpoint.json" in out and "state-00000020.eqx" in out
     assert (tmp_path / "runs" / "sort-20" / "loss_curve.png").is_file()
 
 
-CONVERGE_SMALL = '[study]\nschemes = ["lie", "heun"]\nsteps = [4, 8, 16]\n'
+# "a 2-scheme, 3-step config" (no pre-norm rows: two schemes)
+CONVERGE_SMALL = '[study]\nschemes = ["lie", "heun"]\npre_norm_schemes = []\nsteps = [4, 8, 16]\n'
 
 
-@pytest.mark.slow
-def test_shell_blocks_run_as_written_at_the_sizes_the_readme_states(tmp_path):
+@pytest.mark.runs("README.md shell blocks", "converge --axis depth", "train sort", "eval")
+def test_shell_blocks_run_as_written_at_the_sizes_the_readme_states(tmp_path, monkeypatch, capsys):
+    from itde.cli import main
+
     cwd = _scratch(tmp_path)
+    monkeypatch.chdir(cwd)
     (cwd / "converge.toml").write_text(CONVERGE_SMALL)
     sort = (cwd / "configs" / "sort.toml").read_text()
     small = sort.replace("steps = 1500", "steps = 20").replace("warmup = 100", "warmup = 5")
@@ -155,10 +151,10 @@ def test_shell_blocks_run_as_written_at_the_sizes_the_readme_states(tmp_path):
                 argv += ["--config", "converge.toml", "--no-progress"]
             if argv == ["train"]:  # the training block: "steps = 20 and warmup = 5"
                 argv += ["--config", "sort-20.toml", "--no-progress"]
-            res = subprocess.run([sys.executable, "-m", "itde.cli", *argv], cwd=cwd,
-                                 capture_output=True, text=True, timeout=900)  # fmt: skip
-            assert res.returncode == 0, f"README.md:{line}: {cmd}\n{res.stderr}"
+            assert main(argv) == 0, f"README.md:{line}: {cmd}\n{capsys.readouterr().err}"
             ran.append(argv[0])
+            printed = capsys.readouterr().out
     assert ran == ["converge", "train", "eval"]
     assert (cwd / "runs" / "convergence" / "convergence_depth.png").is_file()
     assert (cwd / "runs" / "sort" / "loss_curve.png").is_file()
+    assert json.loads(printed)["examples"] == 512  # what `itde eval ... --size 512` printed

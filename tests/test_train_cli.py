@@ -37,6 +37,7 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.runs("train burgers", "eval")
 def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys):
     cfg = tmp_path / "burgers.toml"
     cfg.write_text(BURGERS)

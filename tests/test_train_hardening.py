@@ -67,6 +67,7 @@ def charlm(tmp_path_factory):
     return out, text, rows[-1]["eval_nats_per_char"]
 
 
+@pytest.mark.runs("train charlm")
 def test_charlm_run_writes_metrics_plot_and_checkpoint(charlm):
     out, _, _ = charlm
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
@@ -79,6 +80,7 @@ def test_charlm_run_writes_metrics_plot_and_checkpoint(charlm):
     assert meta["task"]["itos"] == sorted(set(TEXT)) and TEXT.endswith(meta["task"]["val_text"])
 
 
+@pytest.mark.runs("eval", "sample")
 def test_eval_and_sample_of_the_run(charlm, capsys):
     out, _, trained = charlm
     assert main(["eval", "--checkpoint", str(out)]) == 0
@@ -218,6 +220,7 @@ def test_torn_metrics_tail_does_not_block_resume(charlm, tmp_path):
 
 
 # ------------------------------------------------------------------ charlm without its corpus
+@pytest.mark.runs("train --resume")
 def test_resume_of_a_finished_run_says_so_and_writes_nothing(charlm, tmp_path, capsys):
     out, _, _ = charlm
     run = tmp_path / "run"

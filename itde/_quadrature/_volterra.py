@@ -142,9 +142,9 @@ class GregoryVolterra(_Equispaced):
     ($C^4$ integrand, smooth up to $x_3$); signed (row 1) and not strictly causal (row 1
     reads $x_2, x_3$).
 
-    `n`: the number of nodes $N$ (Simpson's, odd; with $N = 3$ row 1 is the quadratic
-    through $x_0, x_1, x_2$); `h`: the node spacing $(b - a)/(N - 1)$, which multiplies
-    every row's coefficients."""
+    `n`: the number of nodes $N$ (any $N \ge 3$, odd or even; with $N = 3$ row 1 is the
+    quadratic through $x_0, x_1, x_2$); `h`: the node spacing $(b - a)/(N - 1)$, which
+    multiplies every row's coefficients."""
 
     signed: ClassVar[bool] = True
     strict: ClassVar[bool] = False
@@ -213,19 +213,24 @@ VOLTERRA_WEIGHTS = {
 
 def volterra_weights(rule, n: int) -> AbstractVolterraWeights:
     """The partial-interval weights of `rule` (an `itde.AbstractQuadrature`) at `n` nodes,
-    on the rule's interval; a `ValueError` naming the rule where none is defined. The node
-    count is checked as the rule itself checks it (`Simpson` an odd `n`, `Trapezoid`
-    `n >= 2`, ...)."""
+    on the rule's interval; a `ValueError` naming the rule where none is defined.
+
+    `n` is an integer of at least the rule's `min_nodes` (`Trapezoid` 2, `Simpson` 3). It
+    need not have the parity of a composite full-interval rule: the partial-interval
+    weights of Simpson's equispaced nodes are Gregory's ([`GregoryVolterra`][]), defined
+    and of order 4 at every `n >= 3`, odd or even (only composite Simpson on the whole
+    interval, `Simpson.nodes_weights`, needs an odd `n`)."""
     # a rule is anything with the quadrature interface (this module sits below _rules)
     if not all(callable(getattr(rule, m, None)) for m in ("_check_n", "bounds", "nodes_weights")):
         raise TypeError(
             f"`rule`={rule!r} must be an itde quadrature rule (e.g. itde.Simpson()), got "
             f"{type(rule).__name__}."
         )
-    try:
-        n = rule._check_n(n)
-    except TypeError:
-        raise TypeError(f"`n`={n!r} must be an integer number of nodes.") from None
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"`n`={n!r} must be an integer number of nodes.")
+    n, least = int(n), getattr(rule, "min_nodes", 1)
+    if n < least:
+        raise ValueError(f"`{type(rule).__name__}` needs n >= {least} nodes, got n={n}.")
     make = VOLTERRA_WEIGHTS.get(rule.name)
     if make is None:
         raise ValueError(

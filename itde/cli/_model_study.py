@@ -21,7 +21,15 @@ def _sentences(path: str | None, n: int) -> list[str]:
             raise ValueError(
                 f"`--text`={path!r} is not a file; give a text file, one input a line."
             )
-        lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines() if s.strip()]
+        data = p.read_bytes()
+        try:
+            decoded = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"`--text`={path!r} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                f"{e.start} is not valid UTF-8); give a UTF-8 text file, one input a line."
+            ) from None
+        lines = [s.strip() for s in decoded.splitlines() if s.strip()]
         where = f"`--text`={path!r}"
     else:
         from ..data import builtin_text_path
@@ -46,6 +54,7 @@ def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = T
         raise ValueError(
             f"`--hf`={directory!r} is not a Hugging Face model directory (no config.json in it)."
         )
+    sentences = _sentences(text, n)  # a bad --text is said before the model loads
     from ..interop._hf_files import check_safetensors
 
     check_safetensors(directory, "--hf")
@@ -60,7 +69,16 @@ def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = T
 
     tok = AutoTokenizer.from_pretrained(directory)
     model = AutoModel.from_pretrained(directory).eval().double()
-    batch = tok(_sentences(text, n), padding=True, return_tensors="np")
+    batch = tok(sentences, padding=True, return_tensors="np")
+    vocab = model.get_input_embeddings().num_embeddings
+    top = int(batch["input_ids"].max())
+    if top >= vocab:  # another model's tokenizer: named here, not as a run-time check in JAX
+        raise ValueError(
+            f"`--hf`={directory!r}: its tokenizer gives token id {top} for these inputs, but "
+            f"the model embeds only {vocab} ids (config.json vocab_size); the tokenizer is not "
+            "this model's: save the model's own tokenizer in the directory "
+            "(tokenizer.save_pretrained(DIR))."
+        )
     m = from_hf(getattr(model, "base_model", model))
     m = m.continuum_form() if continuum else m
     ids = jnp.asarray(batch["input_ids"])

@@ -283,7 +283,8 @@ def _guard(fn):
             return fn(args)
         except ConfigError:
             raise  # `itde`'s main prints it ("config error: ...") and returns 2
-        except (CheckpointError, FileNotFoundError, ValueError) as e:
+        except (CheckpointError, FileNotFoundError, ValueError, FloatingPointError) as e:
+            # FloatingPointError: a run that diverged (the message names `optim.lr`)
             print(f"itde {args.command}: error: {e}", file=sys.stderr)
             return 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._io import check_output_location
 from ._finetune import converted, lm_from_token_model, write_hf
 from ._load import load
 
@@ -27,6 +28,8 @@ def export_hf(directory, out=None) -> Path:
     Hugging Face model, or one that cannot be written back (controls smooth in depth, or a
     depth step other than one layer).
     """
+    if out is not None:  # a file in the way, or nowhere to write: said before loading
+        check_output_location(out, "out")
     model, cfg, _ = load(directory)
     if not cfg.model.init:
         raise ValueError(

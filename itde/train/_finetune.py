@@ -44,6 +44,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from .._controls import LegendreControls, PiecewiseConstant
+from .._io import check_output_dir
 from ..interop._hf_files import check_safetensors
 from ._model import TokenModel, check_depth
 
@@ -237,10 +238,10 @@ def lm_from_token_model(model: TokenModel, template):
     return dataclasses.replace(template, base=base, head=head, head_bias=model.readout_bias)
 
 
-def write_hf(lm, source: Path, out) -> Path:
-    """`lm.to_hf().save_pretrained(out)` and the tokenizer files of `source` copied in."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+def write_hf(lm, source: Path, out, name: str = "out") -> Path:
+    """`lm.to_hf().save_pretrained(out)` and the tokenizer files of `source` copied in;
+    `name`: what `out` is called in errors."""
+    out = check_output_dir(out, name)  # a file there: named, not a bare FileExistsError
     lm.to_hf().save_pretrained(out)
     for name in TOKENIZER_FILES:
         if (Path(source) / name).is_file():

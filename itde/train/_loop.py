@@ -62,6 +62,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._io import check_output_location
 from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
@@ -544,7 +545,9 @@ def _open(cfg, out, resume, devices, source, overwrite):
             "`out`='' names no directory (it would write the run into the working "
             "directory); give a directory for metrics.jsonl, loss_curve.png and checkpoints."
         )
+    out_name = "out"  # the argument, or the key it came from, named in errors
     if out is None:
+        out_name = "resume" if resume is not None else "run.out"
         out = resume if resume is not None else (cfg.run.out or f"runs/{cfg.task.name}")
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -554,6 +557,8 @@ def _open(cfg, out, resume, devices, source, overwrite):
         )
     if resume is None and not overwrite:
         dist.on_main(lambda: _refuse_existing(out), errors=_ERRORS)
+    # under a file, not writable, or a system path (/sys, /proc): said before any work
+    dist.on_main(lambda: check_output_location(out, out_name), errors=_ERRORS)
     run = Run(cfg, devices)
     check_batch(cfg.optim.batch_size, run.mesh.size, k=cfg.optim.accumulate)
     if resume is not None:
@@ -695,56 +700,58 @@ def train(
     done, saved = start, False
     last: dict = {}
     for s in range(start, total):
+        # JAX runs asynchronously: a check that fires in the step surfaces where its result
+        # is first read (the loss, the evaluation, the checkpoint), so all of it is covered
         try:
             model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
+            done, n_log = s + 1, n_log + 1
+            evaluating = done % r.eval_every == 0 or done == total
+            if done % r.log_every == 0 or evaluating:
+                loss_v = scalar(loss)
+                now = time.perf_counter()
+                rate = n_log * bs / max(now - t_log, 1e-9)
+                t_log, n_log = now, 0
+                row = {
+                    "run": run.run_id,
+                    "step": done,
+                    "loss": loss_v,
+                    "lr": float(run.schedule(s)),
+                    "wall_s": wall0 + now - t_start,
+                    "examples_per_s": rate,
+                }
+                if evaluating:
+                    row.update(evaluate(model, chunks, run.task, run.compute_dtype))
+                    if refine:  # how far the model is from its own equation, refined
+                        row.update(continuity_metrics(model, chunks[0][0], refine))
+                last = row
+                if is_main:
+                    with open(out / "metrics.jsonl", "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    if evaluating and on_eval is not None:
+                        on_eval(row)
+                bar.set_postfix(loss=f"{loss_v:.4g}", ex_s=f"{rate:.0f}")
+            if done % r.checkpoint_every == 0 or done == total:
+                m = run.meta()
+                m["wall_s"] = wall0 + time.perf_counter() - t_start
+                # every process gathers the (sharded) state; process 0 writes it, and the
+                # broadcast of its outcome is the barrier after the save
+                host = shd.to_host((model, opt_state))
+                dist.on_main(lambda: _save(out, done, host, m), errors=_ERRORS)
+                saved = True
+            bar.update(1)
+            if s == start:
+                restart_clock(bar)  # the first step compiled: its time says nothing of the rest
+            if stop_at is not None and done >= stop_at:
+                break
         except eqx.EquinoxRuntimeError as e:
             raise _diverged(e, s, last, cfg) from e
-        done, n_log = s + 1, n_log + 1
-        evaluating = done % r.eval_every == 0 or done == total
-        if done % r.log_every == 0 or evaluating:
-            loss_v = scalar(loss)
-            now = time.perf_counter()
-            rate = n_log * bs / max(now - t_log, 1e-9)
-            t_log, n_log = now, 0
-            row = {
-                "run": run.run_id,
-                "step": done,
-                "loss": loss_v,
-                "lr": float(run.schedule(s)),
-                "wall_s": wall0 + now - t_start,
-                "examples_per_s": rate,
-            }
-            if evaluating:
-                row.update(evaluate(model, chunks, run.task, run.compute_dtype))
-                if refine:  # how far the model is from its own equation, refined
-                    row.update(continuity_metrics(model, chunks[0][0], refine))
-            last = row
-            if is_main:
-                with open(out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                if evaluating and on_eval is not None:
-                    on_eval(row)
-            bar.set_postfix(loss=f"{loss_v:.4g}", ex_s=f"{rate:.0f}")
-        if done % r.checkpoint_every == 0 or done == total:
-            m = run.meta()
-            m["wall_s"] = wall0 + time.perf_counter() - t_start
-            # every process gathers the (sharded) state; process 0 writes it, and the
-            # broadcast of its outcome is the barrier after the save
-            host = shd.to_host((model, opt_state))
-            dist.on_main(lambda: _save(out, done, host, m), errors=_ERRORS)
-            saved = True
-        bar.update(1)
-        if s == start:
-            restart_clock(bar)  # the first step compiled: its time says nothing of the rest
-        if stop_at is not None and done >= stop_at:
-            break
     bar.close()
     files = _finish(out, total, run.task, saved) if is_main else []
     if is_main and done >= total and _exportable(cfg):
         from ._finetune import converted, lm_from_token_model, write_hf
 
         lm = lm_from_token_model(shd.to_host(model), converted(cfg.model.init_dir))
-        hf = write_hf(lm, cfg.model.init_dir, out / "hf")
+        hf = write_hf(lm, cfg.model.init_dir, out / "hf", name="out/hf")
         files += sorted(str(f) for f in hf.iterdir())
     return TrainResult(
         step=done,

@@ -4,6 +4,7 @@ BPE, its token ids memory-mapped (`itde.data.TokenCorpus`)."""
 from __future__ import annotations
 
 import math
+import pathlib
 import typing
 from typing import Any
 
@@ -15,6 +16,19 @@ from ..data import TokenCorpus, builtin_text_path, tokenizer_from_json
 from ..data._tokenizers import HF_TOKENIZER, TOKENIZER_KINDS, HFTokenizer
 from ._model import cross_entropy
 from ._task import AbstractTokenTask
+
+
+def _check_cache_dir(path: str) -> None:
+    """`task.cache_dir` is a directory, or can become one (no file at it or above it)."""
+    existing = pathlib.Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(
+            f"`task.cache_dir`={path!r} cannot be a directory: {str(existing)!r} is a file; "
+            "give a directory for the encoded corpus (created if missing), or leave "
+            "`task.cache_dir` empty for the default cache."
+        )
 
 
 @typing.final
@@ -67,6 +81,8 @@ class TextLM(AbstractTokenTask):
         c = self.config
         if c.tokenizer.startswith(HF_TOKENIZER):  # a missing tokenizer.json, named by its key
             HFTokenizer.file(c.tokenizer[len(HF_TOKENIZER) :], name="task.tokenizer")
+        if c.cache_dir:  # a file in the way: named by its key, not "[Errno 20] Not a directory"
+            _check_cache_dir(c.cache_dir)
         corpus = TokenCorpus.from_path(
             c.text_path or builtin_text_path(), tokenizer=c.tokenizer, vocab_size=c.vocab_size,
             val_fraction=c.val_fraction, glob=c.text_glob, cache_dir=c.cache_dir or None,
