@@ -100,6 +100,24 @@ def check_key(name: str, key) -> None:
         )
 
 
+def as_array(name: str, value):
+    """`value` as an array: a nested Python list or tuple of numbers becomes
+    `jnp.asarray(value)`; anything with a shape (a JAX or NumPy array, a tracer) and a
+    torch tensor (which the state checks refuse by name) pass unchanged."""
+    if not isinstance(value, list | tuple):
+        return value
+    import jax.numpy as jnp
+
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"`{name}` is a nested {type(value).__name__} that is not a rectangular array "
+            f"of numbers ({e}); give `jnp.asarray({name})` of shape [tokens, features] "
+            "(every token the same number of features)."
+        ) from None
+
+
 def _folder(path: str) -> str:
     return os.path.dirname(os.path.abspath(path)) + os.sep
 

@@ -87,6 +87,13 @@ def fold_norms(model, input_affine: FeatureAffine | None = None):
     **Returns:** a `TransformerIDE` whose `model(u0)` equals the original's (to
     round-off) on `u0` (on $P_0(e)$ with `input_affine`).
     """
+    if input_affine is not None:
+        if not isinstance(input_affine, FeatureAffine):
+            raise TypeError(
+                f"`input_affine` must be an itde.FeatureAffine(scale, shift) or None, got "
+                f"{type(input_affine).__name__}."
+            )
+        input_affine.check_width(model.n_features, "input_affine")
     if not model.block.has_constraint:
         if input_affine is not None:
             raise ValueError(

@@ -22,7 +22,7 @@ from itde_solvers import ProjectionTerm, SplitTerm
 
 from ._abstract import AbstractEquation
 from ._blocks import AbstractBlockForm, PostNorm, as_block_form
-from ._checks import check_bool, check_key, warn_if_vmapped_over_tokens
+from ._checks import as_array, check_bool, check_key, warn_if_vmapped_over_tokens
 from ._continuum import fold_norms
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
 from ._operators._abstract import AbstractNorm
@@ -228,6 +228,12 @@ class TransformerIDE(AbstractEquation):
                 f"`grid.n_features`={self.grid.n_features} does not match the kernels' "
                 f"feature count {d}; build the grid with n_features={d}."
             )
+        if self.readout is not None:
+            self.readout.check_width(self.grid.n_features, "readout")
+        for name in ("affine1", "affine2"):
+            affine = getattr(self.controls.blocks, name, None)
+            if affine is not None:
+                affine.check_width(self.grid.n_features, f"controls.blocks.{name}")
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -588,6 +594,7 @@ class TransformerIDE(AbstractEquation):
     ) -> Float[Array, "tokens features"]:
         """The encoder's output for one sequence: $u(T)$ from the paper's scheme, in the
         dtype of `u0`. `mask`: `[tokens]` booleans (or 0/1), False on padded tokens."""
+        u0 = as_array("u0", u0)
         warn_if_vmapped_over_tokens(u0, self.batch_axis)
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
         sol = solve(self, u0, args=mask)
@@ -619,6 +626,7 @@ class TransformerIDE(AbstractEquation):
         from a PyTorch module with `batch_first=False`), and stays there in the output.
         `mask` is `[batch, tokens]` whatever the layout (booleans or 0/1, False on
         padding), as Hugging Face's `attention_mask`."""
+        u0 = as_array("u0", u0)
         if type(u0).__module__.startswith("torch"):
             self.check_state(u0, "u0")
         if getattr(u0, "ndim", None) != 3:
@@ -660,6 +668,7 @@ class TransformerIDE(AbstractEquation):
                 "Use `itde.solve(model, u0, dt0=..., saveat=diffrax.SaveAt(ts=...))` to save "
                 "the states at chosen depths."
             )
+        u0 = as_array("u0", u0)
         self.check_state(u0, "u0")
         ts = np.asarray(self.controls.layer_times())
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])

@@ -20,7 +20,7 @@ from itde_solvers import (
 )
 
 from ._abstract import AbstractEquation
-from ._checks import check_bool, check_float, check_int, warn_at_caller
+from ._checks import as_array, check_bool, check_float, check_int, warn_at_caller
 from ._controls import PiecewiseConstant
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
@@ -173,6 +173,7 @@ def solve(
     `itde.solve:` inside it. Jit with `eqx.filter_jit` to read it first.
     """
     solver = LieTrotter() if solver is None else solver
+    u0 = as_array("u0", u0)
     t0, t1, dt0, max_steps, batched = _check_arguments(
         model, u0, t1, solver, dt0, max_steps, batched, saveat, adjoint, stepsize_controller,
         progress_meter,
@@ -245,21 +246,20 @@ def _check_output(ys, u0):
         "training step that diverged: lower the learning rate; or a depth step too large "
         "for an explicit scheme).",
     )
-    return _error_if(ys, ~jnp.all(jnp.isfinite(ys)), messages, jnp.where(big, 0, 1))
+    # two checks, not one `branched_error_if`: its message index is reduced with a `max`
+    # over the batch, which has no value under `jax.vmap` over an empty batch
+    bad = ~jnp.all(jnp.isfinite(ys))
+    ys = _error_if(ys, bad & big, messages[0])
+    return _error_if(ys, bad & ~big, messages[1])
 
 
-def _error_if(x, pred, msg, index=None):
-    """`x`, raising `msg` (or `msg[index]`) at run time where `pred` holds.
+def _error_if(x, pred, msg):
+    """`x`, raising `msg` at run time where `pred` holds.
 
     Only a scalar goes through equinox's check (a `lax.cond` that XLA places on one
     device), then is added to `x`: passing `x` itself would make a sharded `x` be
     gathered onto that device and scattered back ("involuntary full rematerialization")."""
-    zero = jnp.zeros((), x.dtype)
-    if index is None:
-        zero = eqx.error_if(zero, pred, msg)
-    else:
-        zero = eqx.branched_error_if(zero, pred, index, msg)
-    return x + zero
+    return x + eqx.error_if(jnp.zeros((), x.dtype), pred, msg)
 
 
 def _warn_if_not_a_refinement(model, dt0, stepsize_controller) -> None:

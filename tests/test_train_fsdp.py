@@ -182,6 +182,15 @@ def _measure(*args):
     return result
 
 
+def _expected_spec(shape, fsdp):
+    """The documented rule, written out: split the largest axis `fsdp` divides (the first
+    of equal ones) over "fsdp", as the text of its PartitionSpec."""
+    from jax.sharding import PartitionSpec
+
+    axis = -max((n, -i) for i, n in enumerate(shape) if n % fsdp == 0)[1]
+    return str(PartitionSpec(*[None] * axis, "fsdp"))
+
+
 def _assert_fsdp_layout(rows, fsdp=4, min_size=1024):
     """Every array with `min_size` elements or more and an axis `fsdp` divides is split in
     `fsdp` equal parts, over the mesh's second axis; every other array is whole on every
@@ -193,7 +202,7 @@ def _assert_fsdp_layout(rows, fsdp=4, min_size=1024):
         per_device = list(row["per_device"].values())
         assert len(per_device) == 8, row
         if size >= min_size and divisible:
-            assert "fsdp" in row["spec"] and "data" not in row["spec"], row
+            assert row["spec"] == _expected_spec(row["shape"], fsdp), row
             assert per_device == [row["nbytes"] // fsdp] * 8, row
             sharded += 1
         else:

@@ -39,7 +39,20 @@ class FeatureAffine(eqx.Module):
                 f"{self.scale.shape}."
             )
 
+    def check_width(self, n_features: int, name: str) -> None:
+        """Raise unless the map acts on `n_features` features (`name`: the argument or field
+        that holds it, for the message)."""
+        width = self.scale.shape[-1]
+        if width != n_features:
+            raise ValueError(
+                f"`{name}` is a FeatureAffine of width {width} (`scale` shape "
+                f"{tuple(self.scale.shape)}), but the state has {n_features} features; give "
+                f"`scale` and `shift` one value per feature, shape ({n_features},)."
+            )
+
     def __call__(self, u: Float[Array, "tokens features"]) -> Float[Array, "tokens features"]:
+        if self.scale.ndim == 1:  # (a [layers, features] stack is read per layer first)
+            self.check_width(u.shape[-1], "FeatureAffine")
         out = u * self.scale.astype(u.dtype)
         if self.shift is not None:
             out = out + self.shift.astype(u.dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import as_array
 from .._equation import TransformerIDE
 from .._operators._mask import key_mask
 
@@ -33,6 +34,7 @@ def equation_of(model) -> TransformerIDE:
 
 
 def _state(u, name: str = "u"):
+    u = as_array(name, u)
     if getattr(u, "ndim", None) != 2:
         raise ValueError(
             f"`{name}` must be one state [tokens, features], got shape "

@@ -55,12 +55,18 @@ def interaction_energy(
     is the feature-weighted one, `None`: the dot product). It lies in
     $[\,e^{-\beta}/(2\beta),\; e^{\beta}/(2\beta)\,]$, the top for a single cluster.
 
-    Computed as $\frac{e^\beta}{2\beta n^2}\sum_{ij} e^{\beta(\langle x_i, x_j\rangle - 1)}$,
-    so that no exponential overflows for large $\beta$.
+    Computed in logarithms, $\log E_\beta = \beta + \log \sum_{ij}
+    e^{\beta(\langle x_i, x_j\rangle - 1)} - \log(2\beta n^2)$ (every term of the sum is
+    at most 1, the diagonal's are 1), and each token scaled by its largest entry before it
+    is normalised: no intermediate overflows or underflows, so the energy is finite
+    whenever it is representable in the state's dtype ($e^\beta/(2\beta)$ is, in float32,
+    up to $\beta \approx 93$; in float64 up to $\beta \approx 716$).
 
     **Arguments:**
 
-    - `u`: the state `[tokens, features]` (tokens must be nonzero).
+    - `u`: the state `[tokens, features]` (a nested list is converted with `jnp.asarray`).
+      Every real token must be nonzero: a zero token has no direction on the sphere, and
+      is refused (mask it out).
     - `beta`: the inverse temperature $\beta > 0$.
     - `mask`: `[tokens]`, False on padded tokens (left out; $n$ counts the real ones).
     - `feature_weights`: the feature quadrature weights (`None`: all 1).
@@ -68,20 +74,58 @@ def interaction_energy(
     _check_beta(beta)
     u = _state(u)
     m = _mask(mask, u.shape[0])
+    _check_nonzero(u, m, "u")
     w = _check_weights(feature_weights, u.shape[1])
     return _energy(u, jnp.asarray(beta, u.dtype), m, None if w is None else jnp.asarray(w, u.dtype))
 
 
+_ZERO_TOKEN = (
+    "a real token of `{name}` is zero{where}: a token of zero norm has no direction on the "
+    "unit sphere, so the interaction energy is undefined; set `mask` False there (padding) "
+    "or drop the token."
+)
+
+
+def _check_nonzero(u, m, name: str) -> None:
+    """Refuse a real token that is zero (`u`: `[..., tokens, features]`, `m`: `[tokens]`),
+    and a mask with no real token. Concrete arrays are checked here, naming the tokens;
+    traced ones at run time, by `equinox.error_if` in `_energy`."""
+    if isinstance(u, jax.core.Tracer) or isinstance(m, jax.core.Tracer):
+        return
+    m = np.asarray(m)
+    if not m.any():
+        raise ValueError(
+            "`mask` leaves no real token: the interaction energy is a mean over the real "
+            "tokens; give at least one True."
+        )
+    zero = np.all(np.asarray(u) == 0, axis=-1) & m
+    if np.any(zero):
+        ix = [tuple(int(i) for i in t) for t in np.argwhere(zero)]
+        shown = ", ".join(str(t[0]) if len(t) == 1 else str(t) for t in ix[:5])
+        label = "token" if zero.ndim == 1 else "(depth, token)"
+        more = ", ..." if len(ix) > 5 else ""
+        raise ValueError(_ZERO_TOKEN.format(name=name, where=f" ({label} {shown}{more})"))
+
+
 @jax.jit
 def _energy(u, beta, m, w):
-    uw = u if w is None else u * w
-    g = uw @ u.T
-    norm = jnp.sqrt(jnp.diagonal(g))
-    c = g / (norm[:, None] * norm[None, :])
+    # each token divided by its largest entry first: its norm can then neither overflow
+    # nor underflow (u @ u.T would, for entries beyond sqrt(max) or below sqrt(tiny))
+    a = jnp.max(jnp.abs(u), axis=-1)
+    zero = m & (a == 0)
+    a = jnp.where(m & ~zero, a, 1)
+    x = u / a[:, None]
+    xw = x if w is None else x * w
+    norm = jnp.sqrt(jnp.sum(xw * x, axis=-1))
+    norm = jnp.where(m & ~zero, norm, 1)
+    z = x / norm[:, None]
+    c = (z if w is None else z * w) @ z.T
     pairs = m[:, None] & m[None, :]
-    s = jnp.sum(jnp.where(pairs, jnp.exp(beta * (c - 1)), 0))
+    # c <= 1 (Cauchy-Schwarz): the minimum removes round-off above it, so every term <= 1
+    s = jnp.sum(jnp.where(pairs, jnp.exp(beta * (jnp.minimum(c, 1) - 1)), 0))
     n = jnp.sum(m).astype(u.dtype)
-    return jnp.exp(beta) * s / (2 * beta * n * n)
+    e = jnp.exp(beta + jnp.log(s) - jnp.log(2 * beta * n * n))
+    return eqx.error_if(e, jnp.any(zero), _ZERO_TOKEN.format(name="u", where=""))
 
 
 class EnergyTrace(eqx.Module):
@@ -145,6 +189,7 @@ def energy_along(
     if not jnp.issubdtype(us.dtype, jnp.floating):
         us = us.astype(jnp.result_type(float))
     m = _mask(mask, us.shape[1])
+    _check_nonzero(us, m, "us")
     w = _check_weights(feature_weights, us.shape[2])
     w = None if w is None else jnp.asarray(w, us.dtype)
     return _trace(us, jnp.asarray(beta, us.dtype), m, w)
