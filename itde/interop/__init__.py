@@ -5,7 +5,6 @@ from ._hf_family import AbstractHFFamily
 from ._hf_lm import CausalLMFamily, HFCausalLM
 from ._hf_model import HFTransformer
 from ._hf_vit import HFVisionTransformer
-from ._pretrained import minilm_dir, smollm2_gguf
 from ._hf_vit_domain import (
     AbstractImageTokenWeights,
     AbstractPositionInterpolant,
@@ -15,6 +14,7 @@ from ._hf_vit_domain import (
     KeysCubic,
     UnitTokenWeights,
 )
+from ._pretrained import minilm_dir, smollm2_gguf
 from ._torch import from_torch, to_torch
 
 __all__ = [
