@@ -32,10 +32,12 @@ def _key(name: str) -> str:
 def requirements(project: dict, extras: list[str]) -> list[Requirement]:
     """The project's dependencies and those of `extras`, self-references expanded."""
     optional = project.get("optional-dependencies", {})
-    own, seen, todo, out = _key(project["name"]), set(), list(extras), []
+    own, seen, todo = _key(project["name"]), set(), list(extras)
     for extra in todo:
         if extra not in optional:
-            raise SystemExit(f"floors.py: no extra {extra!r} in pyproject.toml; have {sorted(optional)}")
+            raise SystemExit(
+                f"floors.py: no extra {extra!r}; pyproject.toml has {sorted(optional)}"
+            )
     reqs = [Requirement(r) for r in project["dependencies"]]
     while todo:
         extra = todo.pop()

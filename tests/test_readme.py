@@ -109,7 +109,7 @@ def test_install_lines_name_extras_that_exist():
 def test_extras_table_is_pyproject():
     """The README's table of extras lists each extra of pyproject.toml but `dev`, and each
     range it quotes is the requirement pyproject.toml declares."""
-    text = README[README.index("| extra | for | brings |"):]
+    text = README[README.index("| extra | for | brings |") :]
     rows = text[: text.index("\n\n")].splitlines()[2:]
     named = [re.match(r"\| `(\w+)` \|", r).group(1) for r in rows if r.startswith("| `")]
     assert sorted(named) == sorted(set(EXTRAS) - {"dev"})
@@ -223,7 +223,6 @@ def test_gpu_benchmark_commands_parse(monkeypatch):
         with pytest.raises(SystemExit) as e:
             gpu.main(wrong)
         assert e.value.code == 2
-
 
 
 def test_layout_names_files_that_exist():
@@ -362,7 +361,7 @@ def test_converge_table_is_what_itde_converge_prints(tmp_path, capsys):
     to 0.2)."""
     from itde.cli import main
 
-    text = README[README.index("| scheme | expected | observed |"):]
+    text = README[README.index("| scheme | expected | observed |") :]
     rows = text[: text.index("\n\n")].splitlines()[2:]
     table = {}
     for row in rows:
