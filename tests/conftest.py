@@ -32,7 +32,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # ITDE_TEST_XLA_DEFAULTS=1 runs the suite with XLA's own defaults (a flag already in
 # XLA_FLAGS is kept as given).
 # XLA aborts the process on a flag it does not know, and these are debug options that come
-# and go between jaxlib versions (pyproject allows any jaxlib from 0.4.30): each set is
+# and go between jaxlib versions (pyproject allows a range of jaxlib versions): each set is
 # tried once in a short subprocess, largest first, and the first that starts a CPU backend
 # is used (none: XLA's defaults). The first process to check (pytest-xdist's controller)
 # leaves the result in the environment, so its workers and subprocesses inherit it.

@@ -64,7 +64,7 @@ def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = T
     try:
         from transformers import AutoModel, AutoTokenizer
     except ImportError as e:  # pragma: no cover - transformers is a test dependency
-        raise ValueError("`--hf` needs Hugging Face transformers: pip install transformers") from e
+        raise ValueError("`--hf` needs Hugging Face transformers: pip install 'itde[hf]'") from e
     from ..interop import from_hf
 
     tok = AutoTokenizer.from_pretrained(directory)

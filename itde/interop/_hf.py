@@ -53,7 +53,7 @@ def _lookup(model) -> tuple[str, AbstractHFFamily]:
         import transformers  # noqa: F401
     except ImportError as e:  # pragma: no cover - exercised only without transformers
         raise ImportError(
-            "itde.from_hf needs Hugging Face transformers: pip install transformers"
+            "itde.from_hf needs Hugging Face transformers: pip install 'itde[hf]'"
         ) from e
     for cls in type(model).__mro__:
         family = HF_FAMILIES.get(cls.__name__)
