@@ -8,11 +8,14 @@ explicit arguments.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import math
 import tomllib
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
@@ -85,7 +88,11 @@ def _build(cls: type[T], table: dict, prefix: str) -> T:
     unknown = sorted(set(table) - fields)
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(f"unknown key `{key}`; known keys here: {sorted(fields)}")
+        near = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
+        hint = f"; did you mean `{prefix + '.' if prefix else ''}{near[0]}`?"
+        raise ConfigError(
+            f"unknown key `{key}`{hint if near else ''}; known keys here: {sorted(fields)}"
+        )
     kwargs = {}
     for name, value in table.items():
         kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)
@@ -105,8 +112,9 @@ def from_dict(cls: type[T], table: dict, source: str = "<dict>") -> T:
         raise ConfigError(f"{source}: {e}") from None
 
 
-def load(cls: type[T], path: str | Path) -> T:
-    """Read a TOML file into the config dataclass `cls`."""
+def read_table(path: str | Path) -> dict:
+    """The TOML file `path` as a nested dict; a missing file, a directory or a file that is
+    not TOML (or not UTF-8) is a `ConfigError` naming the path."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(
@@ -120,7 +128,152 @@ def load(cls: type[T], path: str | Path) -> T:
         table = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    return from_dict(cls, table, str(path))
+    return table
+
+
+def load(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
+    """Read a TOML file into the config dataclass `cls`, with the `KEY=VALUE` strings of
+    `overrides` applied after the file and before validation (see `override`)."""
+    table = override(cls, read_table(path), overrides)
+    return from_dict(cls, table, described(str(path), overrides))
+
+
+def experiment(cls: type[T], path: str | Path | None, overrides: Sequence[str] = ()):
+    """A command's config and the name its messages give it: the TOML file `path` (None:
+    the built-in defaults of `cls`) with `overrides` (`--set KEY=VALUE`) applied."""
+    if path is None:
+        source = described("<built-in default>", overrides)
+        cfg = from_dict(cls, override(cls, {}, overrides), source) if overrides else cls()
+        return cfg, source
+    return load(cls, path, overrides), described(str(path), overrides)
+
+
+# ---------------------------------------------------------------------- --set KEY=VALUE
+def described(source: str, overrides: Sequence[str]) -> str:
+    """The name of a config read from `source` with `overrides`, e.g.
+    `"configs/sort.toml --set optim.steps=150"`."""
+    return " ".join([source, *(f"--set {o}" for o in overrides)])
+
+
+def _schema_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of the config dataclass `cls`: its tables' keys and leaf keys."""
+    keys = []
+    for name, tp in get_type_hints(cls).items():
+        key = f"{prefix}.{name}" if prefix else name
+        keys.append(key)
+        if dataclasses.is_dataclass(tp):
+            keys += _schema_keys(tp, key)
+    return keys
+
+
+def _did_you_mean(cls, path: list[str], i: int) -> str:
+    """The hint "; did you mean `KEY`?" for the unknown component `path[i]` of a dotted key
+    of `cls` (the nearest name at that level, else the nearest key anywhere), or ""."""
+    tp = cls
+    for name in path[:i]:
+        tp = get_type_hints(tp)[name]
+    here = list(get_type_hints(tp))
+    near = difflib.get_close_matches(path[i], here, n=1)
+    if near:
+        guess = ".".join([*path[:i], near[0], *path[i + 1 :]])
+    else:  # a key of another table, or a table left out: `steps` for `optim.steps`
+        keys = _schema_keys(cls)
+        wanted = ".".join(path[i:])
+        same = [k for k in keys if k.endswith("." + wanted)]
+        near = same or difflib.get_close_matches(".".join(path), keys, n=1, cutoff=0.75)
+        if not near:
+            return ""
+        guess = near[0]
+    return f"; did you mean `{guess}`?"
+
+
+def _key_type(cls, key: str, renamed: Mapping[str, str]):
+    """The annotation of the dotted `key` of `cls`; a `ConfigError` for a key that is not
+    one, naming the nearest that is."""
+    path = key.split(".")
+    tp = cls
+    for i, name in enumerate(path):
+        here = ".".join(path[: i + 1])
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(
+                f"`{'.'.join(path[:i])}` is a value, not a table: it has no key `{name}`"
+            )
+        hints = get_type_hints(tp)
+        if name not in hints:
+            if here in renamed:
+                raise ConfigError(f"`{here}` was renamed; set `{renamed[here]}` instead")
+            table = f"keys of [{'.'.join(path[:i])}]" if i else "tables"
+            raise ConfigError(
+                f"unknown key `{here}`{_did_you_mean(cls, path, i)} ({table}: "
+                f"{', '.join(hints)})"
+            )
+        tp = hints[name]
+    if dataclasses.is_dataclass(tp):
+        first = next(iter(get_type_hints(tp)))
+        raise ConfigError(f"`{key}` is a table; set one of its keys, e.g. `{key}.{first}`")
+    return tp
+
+
+def _takes_text(tp) -> bool:
+    """Whether the annotation `tp` is `str` or `str | None`."""
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        return set(get_args(tp)) <= {str, type(None)} and str in get_args(tp)
+    return tp is str
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`"KEY=VALUE"` (a `--set` argument) as `(KEY, value)`: VALUE read as a TOML value
+    (`150`, `1e-3`, `true`, `"text"`, `[1, 2]`), or as the text itself where it is not one
+    (`sort`, `runs/x`, `hf:DIR`)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"an override must be a string KEY=VALUE, got {text!r}")
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            f"`--set` {text!r} is not KEY=VALUE with a dotted KEY; write e.g. "
+            "--set optim.steps=150"
+        )
+    raw = raw.strip()
+    try:
+        doc = tomllib.loads(f"value = {raw}")
+    except tomllib.TOMLDecodeError:
+        return key, raw
+    # a value followed by more TOML (`1\nx = 2`) is text, not a value and a stray key
+    return (key, doc["value"]) if set(doc) == {"value"} else (key, raw)
+
+
+def override(cls: type, table: dict, overrides: Sequence[str],
+             renamed: Mapping[str, str] | None = None) -> dict:  # fmt: skip
+    """A copy of the config table `table` with each `KEY=VALUE` of `overrides` set in it,
+    in order (a later one wins): the key checked against the schema of the dataclass
+    `cls` (an unknown key names the nearest known one; `renamed` maps old keys to new),
+    the value parsed by `parse_override` and checked against the key's type (for a
+    string key, a value that reads as another TOML type is taken as its text: `2024`).
+    The whole config is validated afterwards, as a file's is (`from_dict`)."""
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides must be a list of KEY=VALUE strings, got the string {overrides!r}; "
+            f"write [{overrides!r}]"
+        )
+    table = copy.deepcopy(table)
+    for text in overrides:
+        key, value = parse_override(text)
+        try:
+            tp = _key_type(cls, key, renamed or {})
+            if _takes_text(tp) and not isinstance(value, str):
+                value = text.partition("=")[2].strip()
+            _coerce(value, tp, key)
+        except ConfigError as e:
+            raise ConfigError(f"`--set` {text!r}: {e}") from None
+        *tables, leaf = key.split(".")
+        here = table
+        for name in tables:
+            if not isinstance(here.get(name), dict):
+                here[name] = {}
+            here = here[name]
+        here[leaf] = value
+    return table
 
 
 #: What `itde converge` refines: the depth step, or the token / feature / both resolutions.

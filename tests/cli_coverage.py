@@ -8,6 +8,8 @@ A *command* is a code path of the `itde` command line, named by a key:
   `analyze --hf`;
 - `train TASK` for every task of `itde.train.TASKS`, and `train --resume`;
 - every other subcommand by its name (`solve`, `eval`, `sample`, and any added later);
+- `COMMAND --set` for every subcommand that has `--set` (a config key overridden from
+  the command line), besides the key of the command it runs;
 - `README.md python blocks`, `README.md shell blocks`: the README's code blocks, run as
   written by `tests/test_readme.py`.
 
@@ -47,8 +49,7 @@ def command_key(args: argparse.Namespace) -> str:
         for source in ("checkpoint", "hf"):
             if getattr(args, source) is not None:
                 return f"converge --{source}"
-        cfg = (_config.load(_config.ConvergeExperiment, args.config) if args.config
-               else _config.ConvergeExperiment())  # fmt: skip
+        cfg, _ = _config.experiment(_config.ConvergeExperiment, args.config, args.set)
         return f"converge --axis {args.axis or cfg.study.axis}"
     if c == "analyze":
         for source in ("checkpoint", "hf"):
@@ -60,7 +61,7 @@ def command_key(args: argparse.Namespace) -> str:
             return "train --resume"
         from itde.train import TrainExperiment, load_config
 
-        cfg = load_config(TrainExperiment, args.config) if args.config else TrainExperiment()
+        cfg = load_config(TrainExperiment, args.config, args.set)
         return f"train {cfg.task.name}"
     return c
 
@@ -82,6 +83,8 @@ def expected_keys() -> set[str]:
             keys |= {f"train {task}" for task in itde.train.TASKS} | {"train --resume"}
         else:
             keys.add(name)
+        if any(a.dest == "set" for a in p._actions):
+            keys.add(f"{name} --set")
     return keys
 
 
@@ -170,6 +173,8 @@ def start_recording() -> None:
                 status = func(a)
                 if status == 0:
                     RAN.add(command_key(a))
+                    if getattr(a, "set", None):
+                        RAN.add(f"{a.command} --set")
                 return status
 
             args.func = recorded

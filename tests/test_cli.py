@@ -228,7 +228,7 @@ def test_ctrl_c_anywhere_is_one_line_and_status_130(monkeypatch, capsys):
     monkeypatch.setattr(cli_main, "build_parser", lambda: _with(parser(), compiling))
     assert cli_main.main(["sample", "--checkpoint", "nowhere"]) == 130
     err = capsys.readouterr().err
-    assert err.strip() == "itde sample: interrupted" and "Traceback" not in err
+    assert err.strip() == "itde sample: error: interrupted" and "Traceback" not in err
 
 
 def _with(parser, func):
@@ -240,14 +240,21 @@ def _with(parser, func):
     return parser
 
 
+@pytest.mark.runs("solve", "solve --set")
 def test_solve_dt_flag_overrides_the_config(tmp_path, capsys):
-    """`itde solve --dt` (there was no flag: only [solve] dt of a config file)."""
+    """`itde solve --dt` (there was no flag: only [solve] dt of a config file); `--set`
+    overrides the file's keys (2 layers, 5 tokens), and `--dt` a `--set solve.dt`."""
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     out = tmp_path / "out"
+    sets = ["--set", "model.n_layers=1", "--set", "solve.n_tokens=7", "--set", "solve.dt=0.25"]
     with pytest.warns(itde.DepthStepWarning):  # the random model's norms carry gains
-        assert main(["solve", "--config", str(cfg), "--out", str(out), "--dt", "0.5"]) == 0
-    assert "dt=0.5" in capsys.readouterr().out
-    assert json.loads((out / "summary.json").read_text())["dt"] == 0.5
+        argv = ["solve", "--config", str(cfg), "--out", str(out), *sets, "--dt", "0.5"]
+        assert main(argv) == 0
+    assert "1 layers, 7 tokens x 8 features, dt=0.5" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dt"] == 0.5 and [r["layer"] for r in summary["layers"]] == [0, 1]
+    assert summary["config"] == (f"{cfg} --set model.n_layers=1 --set solve.n_tokens=7 "
+                                 "--set solve.dt=0.25")  # fmt: skip
     assert main(["solve", "--config", str(cfg), "--out", str(out), "--dt", "2"]) == 2
     assert "`--dt`=2.0 is longer than one layer" in capsys.readouterr().err

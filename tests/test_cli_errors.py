@@ -76,7 +76,7 @@ def test_hf_tokenizer_ids_beyond_the_vocabulary(foreign_tokenizer_dir, tmp_path,
     err = capsys.readouterr().err
     assert "Traceback" not in err and "EquinoxRuntimeError" not in err, err
     last = err.strip().splitlines()[-1]  # transformers may report its loading above
-    assert last.startswith("itde: error: `--hf`=") and str(directory) in last, last
+    assert last.startswith(f"itde {command}: error: `--hf`=") and str(directory) in last, last
     assert "token id 15" in last and f"embeds only {vocab} ids" in last, last
     assert "save the model's own tokenizer" in last, last
 
@@ -133,7 +133,8 @@ def test_out_on_a_system_path_names_out(tmp_path, capsys, command, where):
     yes: `itde train` then failed when the run started with the OS's bare message."""
     assert main([command, "--out", where]) == 2
     line = _one_line(capsys)
-    assert f"`--out` {where!r} cannot be created as a directory" in line, line
+    assert line.startswith(f"itde {command}: error: `--out` {where!r} cannot be created as a "
+                           "directory"), line  # fmt: skip
     assert "give another path" in line
 
 

@@ -8,7 +8,7 @@ import sys
 
 from .. import _config
 from .._io import check_output_dir, write_json
-from ._help import writes
+from ._help import add_set_option, writes
 
 #: Where `itde analyze` writes when `--out` is not given.
 DEFAULT_OUT = "runs/analyze"
@@ -19,14 +19,14 @@ def _positive(value: int, flag: str, what: str) -> None:
         raise ValueError(f"`{flag}`={value} must be a positive {what}.")
 
 
-def _config_problem(path: str | None, n: int):
-    """A random model of a solve config (default: the built-in one) and `n` random states."""
+def _config_problem(path: str | None, n: int, overrides=()):
+    """A random model of a solve config (default: the built-in one, with `--set`
+    `overrides`) and `n` random states."""
     import jax
 
     from ._build import _build_solve
 
-    cfg = _config.load(_config.SolveExperiment, path) if path else _config.SolveExperiment()
-    source = path or "<built-in default>"
+    cfg, source = _config.experiment(_config.SolveExperiment, path, overrides)
     try:
         model = _build_solve(cfg)
     except ValueError as e:
@@ -64,6 +64,11 @@ def cmd_analyze(args) -> int:
         _positive(args.depths, "--depths", "number of depth intervals")
     if not args.tol > 0:
         raise ValueError(f"`--tol`={args.tol} must be a positive cluster tolerance, e.g. 1e-3.")
+    if args.set and len(sources) == 1 and sources[0] != "config":
+        raise ValueError(
+            f"`--set` overrides keys of a solve config (`--config FILE` or the built-in one); "
+            f"a --{sources[0]} model has none: drop `--set {args.set[0]}`."
+        )
     if args.text is not None and args.hf is None:
         raise ValueError("`--text` gives the inputs of a --hf model; add `--hf DIR` or drop it.")
     out = check_output_dir(args.out if args.out is not None else DEFAULT_OUT, "--out")
@@ -81,8 +86,8 @@ def cmd_analyze(args) -> int:
         )
         source = args.hf
     else:
-        model, u0, mask, network, name = _config_problem(args.config, args.inputs)
-        source = args.config or "<built-in default>"
+        model, u0, mask, network, name = _config_problem(args.config, args.inputs, args.set)
+        source = _config.described(args.config or "<built-in default>", args.set)
     scheme = network[0] if args.scheme is None else args.scheme
     dt = network[1] if args.dt is None else args.dt
     if dt is None:  # one step per layer, or per depth interval
@@ -179,6 +184,7 @@ def add_analyze(sub) -> None:
     p.add_argument("--config", metavar="FILE", help="a TOML solve config ([model], [grid], "
                    "[solve]) whose random model to analyze (default: the built-in values, "
                    "those of configs/solve.toml)")  # fmt: skip
+    add_set_option(p, "model.n_layers=2")
     p.add_argument("--text", metavar="FILE", help="--hf: the inputs, one a line (default: "
                    "sentences of the built-in text)")  # fmt: skip
     p.add_argument("--inputs", type=int, default=4, metavar="N", help="how many inputs "

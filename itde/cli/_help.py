@@ -7,6 +7,7 @@ read from it only when a command's help is printed or an option's value is check
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 from collections.abc import Sequence
 
@@ -40,13 +41,59 @@ class Names(Sequence):
         return f"Names({self.module}.{self.attribute})"
 
 
+def _nearest(word: str, names) -> str | None:
+    """The name of `names` closest to `word` (difflib), or None if none is close."""
+    near = difflib.get_close_matches(word, [str(n) for n in names], n=1)
+    return near[0] if near else None
+
+
 class Parser(argparse.ArgumentParser):
     """An `ArgumentParser` whose `description` and `epilog` may be callables returning the
-    text, called only when the help is formatted; paragraphs keep their line breaks."""
+    text, called only when the help is formatted; paragraphs keep their line breaks.
+
+    Its mistakes are those of the command they belong to: an argument a subcommand does not
+    know is reported with that subcommand's usage and prefix (`itde train: error: ...`,
+    not the top level's), with the nearest option it has; a value that is not one of the
+    choices (a misspelt subcommand, `--solver rk5`) names the nearest choice."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._command_parser(namespace)
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            options = [o for a in parser._actions for o in a.option_strings]
+            for arg in extras:
+                if arg.startswith("-"):
+                    near = _nearest(arg.split("=")[0], options)
+                    if near is not None:
+                        message += f"; did you mean {near}?"
+                        break
+            parser.error(message)
+        return namespace
+
+    def _command_parser(self, namespace) -> argparse.ArgumentParser:
+        """The parser of the subcommand chosen in `namespace` (this parser if none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(namespace, action.dest, None))
+                if isinstance(chosen, Parser):
+                    return chosen._command_parser(namespace)
+                if chosen is not None:
+                    return chosen
+        return self
+
+    def _check_value(self, action, value):
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            near = _nearest(str(value), action.choices)
+            if near is None or "did you mean" in str(e.message):
+                raise
+            raise argparse.ArgumentError(action, f"{e.message}; did you mean {near!r}?") from None
 
     def format_help(self) -> str:
         for attr in ("description", "epilog"):
@@ -62,3 +109,16 @@ def writes(*files: tuple[str, str]) -> str:
     return "writes, into the output directory:\n" + "\n".join(
         f"  {f:<{width}}{what}" for f, what in files
     )
+
+
+def add_set_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """Add `--set KEY=VALUE` to the parser of a command that reads a TOML config
+    (`--config`): one key of the config overridden after the file, before the config is
+    checked (`itde._config.override`); repeatable. `example`: a KEY=VALUE for the help."""
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help=f"override one key of the config, e.g. --set {example}: applied after the file "
+        "(or the built-in values) and checked as the file's keys are; VALUE is a TOML value "
+        "(150, 1e-3, true, '[1, 2]') or else plain text; repeatable, the last wins "
+        "(default: none)",
+    )  # fmt: skip

@@ -12,7 +12,7 @@ import sys
 from .. import _config
 from .._io import check_output_dir, write_json
 from ._build import _build_solve
-from ._help import Parser, writes
+from ._help import Parser, add_set_option, writes
 
 
 def _out(flag, configured, key):
@@ -35,12 +35,7 @@ def cmd_solve(args) -> int:
     from .._plot import plot_trajectory
     from .._solve import solve
 
-    cfg = (
-        _config.load(_config.SolveExperiment, args.config)
-        if args.config
-        else _config.SolveExperiment()
-    )
-    source = args.config or "<built-in default>"
+    cfg, source = _config.experiment(_config.SolveExperiment, args.config, args.set)
     if args.dt is not None:  # the flag overrides [solve] dt, checked as the config checks it
         import dataclasses
 
@@ -107,9 +102,9 @@ def cmd_converge(args) -> int:
     if args.checkpoint is not None or args.hf is not None:
         if args.checkpoint is not None and args.hf is not None:
             raise ValueError("give one model to study: `--checkpoint DIR` or `--hf DIR`.")
-        if args.config is not None or args.axis is not None:
+        if args.config is not None or args.axis is not None or args.set:
             raise ValueError(
-                "`--config`/`--axis` set up the built-in test problem; a model study "
+                "`--config`/`--axis`/`--set` set up the built-in test problem; a model study "
                 "(`--checkpoint` / `--hf`) takes `--steps`, `--inputs` and `--text` instead."
             )
         from ._model_study import cmd_model_study
@@ -126,12 +121,7 @@ def cmd_converge(args) -> int:
     from ..studies._depth import format_table, run_depth_study, write_outputs
     from ..studies._grid import run_grid_study
 
-    source = args.config or "<built-in default>"
-    cfg = (
-        _config.load(_config.ConvergeExperiment, args.config)
-        if args.config
-        else _config.ConvergeExperiment()
-    )
+    cfg, source = _config.experiment(_config.ConvergeExperiment, args.config, args.set)
     if args.axis:
         cfg = dataclasses.replace(cfg, study=dataclasses.replace(cfg.study, axis=args.axis))
     out = _out(args.out, cfg.study.out, "study.out")
@@ -175,7 +165,9 @@ depth-time, attention a quadrature in the tokens, LayerNorm a projection), measu
 its depth integrators converge, and train, evaluate and sample models of it.
 
 Every command is configured by an optional TOML file (`--config`, the files in
-configs/); a mistake a user can fix is one line on stderr and exit status 2.
+configs/), whose keys `--set KEY=VALUE` overrides (e.g. --set optim.steps=150); a
+mistake a user can fix is one line on stderr, `itde COMMAND: error: ...`, and exit
+status 2.
 Run `itde COMMAND --help` for a command's options and the files it writes."""
 
 
@@ -207,6 +199,7 @@ def _add_solve(sub) -> None:
     p.add_argument("--dt", type=float, metavar="H",
                    help="the depth step, 0 < H <= 1 (default: [solve] dt of the config; "
                    "1 = one post-LN block per layer)")  # fmt: skip
+    add_set_option(p, "model.n_layers=2")
     p.set_defaults(func=cmd_solve)
 
 
@@ -255,6 +248,7 @@ def _add_converge(sub) -> None:
                    "how many inputs (default %(default)s)")
     p.add_argument("--steps", type=int, nargs="+", metavar="N", help="--checkpoint/--hf: "
                    "steps per layer (default 1 2 4 8 16 32)")
+    add_set_option(p, "'study.steps=[4, 8, 16]'")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_converge)
 
@@ -282,22 +276,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `itde` command line on `argv` (default `sys.argv[1:]`); return the exit
-    status: 0 on success, 2 for a mistake the user can fix (printed as one line)."""
+    status: 0 on success, 2 for a mistake the user can fix, 130 when interrupted.
+
+    Every mistake is one line with one prefix, `itde COMMAND: error: ...`, whether argparse
+    finds it (then above the command's usage), the config (a `ConfigError`: a key of the
+    file or of `--set`) or the run (an argument the message names)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    prefix = f"itde {args.command}: error:"
     try:
         return args.func(args)
-    except _config.ConfigError as e:
-        print(f"itde: config error: {e}", file=sys.stderr)
-        return 2
     except (ValueError, TypeError, OSError) as e:
-        # an argument the user can fix (each message names it): one line, not a traceback
-        print(f"itde: error: {e}", file=sys.stderr)
+        # a config key or an argument the user can fix (each message names it, a
+        # ConfigError is a ValueError): one line, not a traceback
+        print(f"{prefix} {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C anywhere (loading, compiling, a run): one line and the shell's status 130,
         # not a traceback through JAX's compiler
-        print(f"\nitde {args.command}: interrupted", file=sys.stderr)
+        print(f"\n{prefix} interrupted", file=sys.stderr)
         return 130
 
 

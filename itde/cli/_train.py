@@ -11,21 +11,38 @@ import json
 import sys
 
 from .._config import ConfigError
-from ._help import Names, writes
+from ._help import Names, add_set_option, writes
 
 
-def _load_config(path):
-    from ..train import TrainExperiment, load_config
+def _load_config(path, overrides=(), resume=None):
+    """The config of `itde train` and its name: the file `path` (None: the built-in one, or
+    with `resume` the checkpoint's) with the `--set` `overrides`; (None, name) for the
+    checkpoint's own config unchanged."""
+    from pathlib import Path
 
-    if path is None:
-        return None, "<built-in default>"
-    return load_config(TrainExperiment, path), str(path)
+    from .._config import described
+    from ..train import TrainExperiment, from_dict, load_config
+
+    if path is None and resume is not None:
+        source = f"the config of {Path(resume) / 'checkpoint.json'}"
+        if not overrides:
+            return None, source
+        from .._config import override
+        from ..train._checkpoint import read_meta
+        from ..train._config import RENAMED
+
+        source = described(source, overrides)
+        table = override(TrainExperiment, read_meta(resume)["config"], overrides, RENAMED)
+        return from_dict(TrainExperiment, table, source), source
+    return load_config(TrainExperiment, path, overrides), described(
+        str(path) if path is not None else "<built-in default>", overrides
+    )
 
 
 def cmd_train(args) -> int:
     from pathlib import Path
 
-    from ..train import TrainExperiment, train
+    from ..train import train
 
     if args.out is not None and not args.out.strip():
         raise ValueError(
@@ -41,11 +58,7 @@ def cmd_train(args) -> int:
         from .._io import check_output_location
 
         check_output_location(args.out, "--out")
-    cfg, source = _load_config(args.config)
-    if cfg is None and args.resume is not None:
-        source = f"the config of {Path(args.resume) / 'checkpoint.json'}"
-    elif cfg is None:
-        cfg = TrainExperiment()
+    cfg, source = _load_config(args.config, args.set, args.resume)
     summary = train(cfg, out=args.out, resume=args.resume, source=source,
                     progress=False if args.no_progress else None,
                     overwrite=args.overwrite,
@@ -218,6 +231,7 @@ def add_train_commands(sub) -> None:
                    "checkpoint is in DIR (default: start afresh)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in an --out that already holds a checkpoint")  # fmt: skip
+    add_set_option(p, "optim.steps=150")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_guard(cmd_train))
 

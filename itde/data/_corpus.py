@@ -304,7 +304,7 @@ class TokenCorpus:
 def _encode(files, entry: pathlib.Path, tokenizer, vocab_size, val_fraction, progress) -> None:
     """Encode the corpus into the cache folder `entry`: `train.bin`, `val.bin`,
     `tokenizer.json`, and `meta.json` last (written only once the rest is complete)."""
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
     # pass 1: the characters, their count and the digest of the text
     chars: set[str] = set()
@@ -328,8 +328,8 @@ def _encode(files, entry: pathlib.Path, tokenizer, vocab_size, val_fraction, pro
     entry.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "val": 0}
     outs = {s: open(entry / f"{s}.bin.tmp", "wb") for s in counts}
-    bar = tqdm(total=n_chars, unit="char", unit_scale=True, disable=not progress,
-               desc="encoding corpus")  # fmt: skip
+    bar = progress_bar(n_chars, "encoding corpus", unit="char", unit_scale=True,
+                       enabled=progress)  # fmt: skip
     try:
         for split, text in _recut(_split(_chunks(files), n_train)):
             ids = tok.encode(text).astype(dtype)

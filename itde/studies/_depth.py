@@ -87,7 +87,7 @@ def reference_solution(model, u0, rtol, atol, max_steps):
 
 def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     """Run the study and return the JSON-ready result (see `itde converge`)."""
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
     if not jax.config.jax_enable_x64:
         raise RuntimeError("the convergence study runs in float64: enable jax_enable_x64 first.")
@@ -108,7 +108,7 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     }
     dts = [p.t1 / n for n in s.steps]
     n_rows = len(s.schemes) + len(s.pre_norm_schemes)
-    bar = tqdm(total=n_rows * len(dts), desc="depth convergence", disable=not progress)
+    bar = progress_bar(n_rows * len(dts), "depth convergence", enabled=progress)
     results = _scheme_rows(model, u0, ref, s.schemes, dts, max(s.steps), bar)
     if s.pre_norm_schemes:
         # the same controls, normalisation inside the operators: an ODE with no constraint

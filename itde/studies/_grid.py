@@ -170,7 +170,7 @@ def _row(name, label, ns, errors, expected, kind="n") -> dict:
 
 def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) -> dict:
     """Run the `tokens`, `features` or `all` study; JSON-ready result (`"n"` for `"dt"`)."""
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
     if not jax.config.jax_enable_x64:
         raise RuntimeError("the convergence study runs in float64: enable jax_enable_x64 first.")
@@ -183,9 +183,7 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
             rows += [(f"causal-{r}", r) for r in s.rules]
     else:
         rows = [(f"{sch}+{r}", r) for sch, r in ALL_ROWS]
-    bar = tqdm(
-        total=len(rows) * (len(s.nodes) + 1), desc=f"{axis} convergence", disable=not progress
-    )
+    bar = progress_bar(len(rows) * (len(s.nodes) + 1), f"{axis} convergence", enabled=progress)
     references = {}
     causal_refs = {}
     for name, rule_name in rows:

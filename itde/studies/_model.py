@@ -135,7 +135,7 @@ def model_depth_study(
     `"network"` (its scheme, step and relative distance to the limit), `"reference"`
     and `"model"`.
     """
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
     schemes, steps = tuple(schemes), tuple(steps)
     _check(equation, u0, schemes, steps, network, reference_refinement, asymptotic)
@@ -159,7 +159,7 @@ def model_depth_study(
         y = _final(model, u0, mask, jnp.asarray(dt, jnp.float64), name, max_steps)
         return np.asarray(readout(y, mask))
 
-    bar = tqdm(total=2 + len(schemes) * len(steps), desc="model depth study", disable=not progress)
+    bar = progress_bar(2 + len(schemes) * len(steps), "model depth study", enabled=progress)
     ref = run(form, "dopri8", ref_dt)
     coarse = run(form, "dopri8", 2 * ref_dt)
     bar.update(2)

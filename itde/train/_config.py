@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -527,58 +528,69 @@ def from_dict(cls: type, table: dict, source: str = "<dict>"):
     return _config.from_dict(cls, table, source)
 
 
-def load_config(cls: type, path: str | Path):
+def load_config(cls: type, path: str | Path | None, overrides: Sequence[str] = ()):
     """Read a TOML file into the config dataclass `cls` (e.g. `TrainExperiment`).
+
+    - `path`: the TOML file; None for the built-in defaults of `cls` (then `overrides`
+      alone change them).
+    - `overrides`: `"KEY=VALUE"` strings, as `itde train --set` gives them (e.g.
+      `["optim.steps=150", "model.n_features=64"]`), applied in order after the file and
+      before validation: each KEY must be a key of `cls` (an unknown one names the nearest
+      known key), each VALUE is read as a TOML value (`150`, `1e-3`, `true`, `"text"`,
+      `[1, 2]`; a VALUE that is not TOML is the text itself) and checked as the file's
+      value would be. Relative paths in the file are read from the file's folder; those
+      of `overrides` from the working directory.
 
     (`itde.train.load(TrainExperiment, path)`, the earlier spelling, does the same.)"""
     import tomllib
 
+    if path is None:
+        source = _config.described("<built-in default>", overrides)
+        table = _config.override(cls, {}, overrides, RENAMED if cls is TrainExperiment else None)
+        return from_dict(cls, table, source)
     path = Path(path)
     if path.is_dir():
         raise ConfigError(
             f"config {str(path)!r} is a directory, not a TOML file; give --config PATH to a "
             "file such as configs/sort.toml"
         )
-    if cls is TrainExperiment and path.is_file():
+    if cls is not TrainExperiment:
+        return _config.load(cls, path, overrides)
+    if path.is_file():
         try:
-            table = tomllib.loads(path.read_text(encoding="utf-8"))
+            _check_renamed(tomllib.loads(path.read_text(encoding="utf-8")), str(path))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-            table = None  # `itde`'s loader reports it
-        if table is not None:
-            _check_renamed(table, str(path))
-    cfg = _config.load(cls, path)
-    if cls is TrainExperiment:
-        cfg = _relative_to(cfg, path.parent)
-    return cfg
+            pass  # `itde`'s reader reports it
+    table = _relative_to(_config.read_table(path), path.parent)
+    table = _config.override(cls, table, overrides, RENAMED)
+    return from_dict(cls, table, _config.described(str(path), overrides))
 
 
-def _relative_to(cfg: TrainExperiment, folder: Path) -> TrainExperiment:
+def _relative_to(table: dict, folder: Path) -> dict:
     """A config file's relative paths (`task.text_path`, `task.cache_dir`, the directory
     of `model.init` and of an `"hf:DIR"` `task.tokenizer`) read from the file's folder,
     not the working directory: the same file works from anywhere. A `"package:..."` path
-    names a place in an installed package and is kept as it is."""
+    names a place in an installed package and is kept as it is. (On the file's table,
+    before `--set` overrides, whose paths are the working directory's.)"""
 
     def moved(text: str) -> str:
         if text and not Path(text).is_absolute() and not text.startswith("package:"):
             return str(folder / text)
         return text
 
-    def moved_hf(text):
-        if isinstance(text, str) and text.startswith(HF_PREFIX):
+    def moved_hf(text: str) -> str:
+        if text.startswith(HF_PREFIX):
             return HF_PREFIX + moved(text[len(HF_PREFIX) :])
         return text
 
-    task = {k: moved(getattr(cfg.task, k)) for k in ("text_path", "cache_dir")
-            if getattr(cfg.task, k)}  # fmt: skip
-    if cfg.task.tokenizer is not None:
-        task["tokenizer"] = moved_hf(cfg.task.tokenizer)
-    model = {"init": moved_hf(cfg.model.init)}
-    # one replace: `TrainExperiment` checks that the two directories agree
-    return TrainExperiment(**{
-        **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
-        "task": dataclasses.replace(cfg.task, **task),
-        "model": dataclasses.replace(cfg.model, **model),
-    })  # fmt: skip
+    table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    places = [("task", "text_path", moved), ("task", "cache_dir", moved),
+              ("task", "tokenizer", moved_hf), ("model", "init", moved_hf)]  # fmt: skip
+    for section, key, move in places:
+        values = table.get(section)
+        if isinstance(values, dict) and isinstance(values.get(key), str):
+            values[key] = move(values[key])
+    return table
 
 
 def to_dict(cfg) -> dict:

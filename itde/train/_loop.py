@@ -652,7 +652,8 @@ def train(
     - `source`: the config's file name, for error messages.
     - `stop_at`: stop after this step (after its checkpoint, if one is due), as if the
       run were killed there; for tests and time-sliced jobs.
-    - `progress`: show a tqdm bar (default `cfg.run.progress`).
+    - `progress`: show the progress (default `cfg.run.progress`): a tqdm bar on a
+      terminal, a line each tenth of the run in a log.
     - `overwrite`: start afresh even if `out` holds a checkpoint (otherwise an error).
     - `on_eval`: called (on process 0) with each evaluated metrics row as it is logged, e.g.
       to print progress without a bar (`itde train --no-progress` prints one line each).
@@ -693,9 +694,9 @@ def train(
     refine = cfg.continuity.refine if cfg.model.continuous else 0
     chunks = run.eval_chunks()
     show = r.progress if progress is None else progress
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
-    bar = tqdm(total=total, initial=start, disable=not (show and is_main), desc="itde train")
+    bar = progress_bar(total, "itde train", initial=start, enabled=show and is_main)
     t_start, t_log, n_log = time.perf_counter(), time.perf_counter(), 0
     done, saved = start, False
     last: dict = {}
