@@ -187,8 +187,8 @@ def byte_tokenizer(tmp_path_factory):
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=300, show_progress=False,
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tk.trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=alphabet)
     tok.train_from_iterator([TEXT], trainer)
     tok.save(str(path / "tokenizer.json"))
     return path, tok
