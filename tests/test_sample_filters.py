@@ -420,3 +420,25 @@ def test_generate_filters_as_transformers_with_one_compilation(gpt2):
         lm.generate(prompt, 2, top_k=5)
     with pytest.raises(ValueError, match=r"`top_p`=0 must be a number in \(0, 1\]"):
         lm.generate(prompt, 2, key=key, top_p=0)
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_is_named(byte_tokenizer):
+    """A BPE of characters lacks a character: named. A tokenizer whose tokens do not give
+    the prompt back (here one that drops what it does not know): named with what they
+    decode to. A byte-level BPE encodes any prompt, multi-byte characters included."""
+    from itde.data._tokenizers import BPETokenizer, HFTokenizer
+
+    bpe = BPETokenizer.train(iter(["abc abd ab"]), vocab_size=12, alphabet="abcd ")
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary: 'Xé'"):
+        sampler._prompt_ids(bpe.itos, "abXé", lambda t: bpe.encode(t).tolist(), bpe.decode)
+    assert bpe.decode(sampler._prompt_ids(bpe.itos, "ab d", lambda t: bpe.encode(t).tolist(),
+                                          bpe.decode)) == "ab d"  # fmt: skip
+    known = {"a": 0, "b": 1}
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary: 'z' \(its tokens "
+                                         r"decode to 'ab'\)"):  # fmt: skip
+        sampler._prompt_ids(("a", "b"), "azb", lambda t: [known[c] for c in t if c in known],
+                            lambda ids: "".join("ab"[i] for i in ids))  # fmt: skip
+    _, tok = byte_tokenizer
+    hf = HFTokenizer(tok)
+    ids = sampler._prompt_ids(hf.itos, "🙂 中é", lambda t: hf.encode(t).tolist(), hf.decode)
+    assert hf.decode(ids) == "🙂 中é"

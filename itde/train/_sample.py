@@ -93,8 +93,12 @@ def _prompt_ids(itos, prompt, encode, decode) -> list[int]:
             return [0]
     try:
         ids = [int(i) for i in encode(prompt)]
-    except ValueError as e:  # the tokenizer names the characters it lacks
-        raise ValueError(f"the prompt cannot be encoded by the model's tokenizer: {e}") from None
+    except ValueError:  # a BPE of characters: every character it knows is a token
+        singles = {t for t in itos if len(t) == 1}
+        missing = "".join(sorted(set(prompt) - singles))
+        raise ValueError(
+            f"the prompt has characters outside the model's vocabulary: {missing!r}"
+        ) from None
     if decode is not None and decode(ids) != prompt:
         back = decode(ids)
         missing = sorted(set(prompt) - set(back))
