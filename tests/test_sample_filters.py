@@ -221,6 +221,23 @@ def test_stream_never_shows_half_a_character_at_any_boundary(byte_tokenizer):
     assert "".join([d.push([i]) for i in ids[cut:]] + [d.flush()]) == SAMPLE_TEXT[4:]
 
 
+def test_stream_decodes_in_the_context_of_what_came_before():
+    """A SentencePiece-style decoder (Metaspace) drops the leading space of a text's first
+    token: pushed token by token, and after a prompt, the words keep their spaces."""
+    import tokenizers as tk
+
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace()
+    tok.decoder = tk.decoders.Metaspace()
+    tok.train_from_iterator([TEXT], tk.trainers.BpeTrainer(vocab_size=120, show_progress=False))
+    ids = tok.encode("naïve café and emoji").ids
+    assert tok.decode(ids[1:]) == "café and emoji"  # the space before "café" is dropped alone
+    d = IncrementalDecoder(_decode(tok))
+    assert "".join([d.push([i]) for i in ids] + [d.flush()]) == "naïve café and emoji"
+    d = IncrementalDecoder(_decode(tok), ids[:1])
+    assert "".join([d.push([i]) for i in ids[1:]] + [d.flush()]) == " café and emoji"
+
+
 @hsettings(max_examples=60)
 @given(ids=st.lists(st.integers(0, 299), max_size=40), cuts=st.lists(st.integers(0, 40)))
 def test_stream_joins_into_the_full_decode_of_any_tokens(byte_tokenizer, ids, cuts):
