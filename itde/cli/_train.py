@@ -143,15 +143,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    """Print the prompt, then the generated characters chunk by chunk as they are drawn
-    (flushed), so a long run shows progress and Ctrl-C keeps what was printed."""
+    """Print the prompt, then the generated text chunk by chunk as it is drawn (flushed),
+    so a long run shows progress and Ctrl-C keeps what was printed."""
     from .. import train as tr
     from .._config import SEED_MAX
 
     if not 0 <= args.seed <= SEED_MAX:
         raise ValueError(f"`--seed`={args.seed} must be an integer in [0, {SEED_MAX}]")
     if args.length < 0:
-        raise ValueError(f"`--length`={args.length} must be a non-negative number of characters")
+        raise ValueError(f"`--length`={args.length} must be a non-negative number of tokens")
     import math
 
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
@@ -159,17 +159,24 @@ def cmd_sample(args) -> int:
             f"`--temperature`={args.temperature!r} must be a finite number >= 0 (0 = greedy, "
             "1 = the model's own distribution)."
         )
+    from .._sampling import check_filters
+    from ..train._sample import FILTER_NAMES
+
+    check_filters(args.top_k, args.top_p, FILTER_NAMES)  # said before the checkpoint is read
     run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(
-            f"`itde sample` needs a checkpoint of a text task (charlm, textlm); "
+            f"`itde sample` needs a checkpoint of a text task ({', '.join(_sampled_tasks())}); "
             f"{args.checkpoint!r} "
             f"was trained on task {run.task.name!r}."
         )
+    tokenizer = getattr(run.task, "tokenizer", None)  # textlm: BPE or byte-level text
     stream = tr.sample_stream(model, run.task.itos, args.prompt, args.length,
                               temperature=args.temperature, seed=args.seed,
                               encode=getattr(run.task, "encode", None),
-                              context=run.cfg.task.context)  # fmt: skip
+                              decode=None if tokenizer is None else tokenizer.decode,
+                              context=run.cfg.task.context, top_k=args.top_k,
+                              top_p=args.top_p)  # fmt: skip
     written = 0
     try:
         first = next(stream, "")  # checks the arguments before anything is printed
@@ -187,6 +194,13 @@ def cmd_sample(args) -> int:
         return 130
     sys.stdout.write("\n")
     return 0
+
+
+def _sampled_tasks() -> list[str]:
+    """The tasks whose checkpoints `itde sample` continues (`can_sample`), by name."""
+    from .. import train
+
+    return [name for name, cls in train.TASKS.items() if cls.can_sample]
 
 
 def _tasks_epilog() -> str:
@@ -267,21 +281,31 @@ def add_train_commands(sub) -> None:
 
     p = sub.add_parser(
         "sample",
-        help="generate text from a charlm checkpoint",
-        description=(
-            "Continue --prompt with characters drawn from a checkpoint of the charlm task,\n"
-            "printed as they are drawn (Ctrl-C keeps what was printed)."
+        help="generate text from a checkpoint of a text task (charlm, textlm)",
+        description=lambda: (
+            "Continue --prompt with tokens drawn from a checkpoint of a text task\n"
+            f"({', '.join(_sampled_tasks())}: itde.train.TASKS whose can_sample is set), "
+            "printed as they\nare drawn (Ctrl-C keeps what was printed); a character that "
+            "a byte-level\ntokenizer spreads over several tokens is printed once whole. "
+            "--temperature,\n--top-k and --top-p filter the model's distribution as "
+            "Hugging Face's\ngenerate(do_sample=True) does, in that order."
         ),
         epilog="writes nothing; prints the prompt and the generated text.",
     )
     p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="a directory written by `itde train` on the charlm task")  # fmt: skip
+                   help="a directory written by `itde train` on a text task")  # fmt: skip
     p.add_argument("--prompt", default="", metavar="TEXT", help="text to continue, in "
-                   "characters of the training corpus (default: empty)")  # fmt: skip
+                   "characters the model's vocabulary encodes (default: empty)")  # fmt: skip
     p.add_argument("--length", type=int, default=200, metavar="N",
-                   help="characters to generate, >= 0 (default: %(default)s)")  # fmt: skip
+                   help="tokens to generate (characters for charlm), >= 0 "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling "
                    "temperature, >= 0; 0 = greedy (default: %(default)s)")  # fmt: skip
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="draw among the K "
+                   "most likely tokens only, K >= 1 (default: every token)")  # fmt: skip
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="draw among the "
+                   "most likely tokens whose probabilities sum to P (nucleus), 0 < P <= 1 "
+                   "(default: %(default)s, every token)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, metavar="SEED",
                    help="sampling seed in [0, 2**32 - 1] (default: %(default)s)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_sample))

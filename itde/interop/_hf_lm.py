@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._operators._precision import contract, wide
 from .._roles import kernel
+from .._sampling import _scalar, check_filters, draw_token
 from . import _hf_glue as g
 from ._hf_family import AbstractHFFamily, check_weights
 from ._hf_model import HFTransformer
@@ -324,6 +325,8 @@ class HFCausalLM(eqx.Module):
         *,
         key: PRNGKeyArray | None = None,
         temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
         eos_token_id: int | None = None,
         max_length: int | None = None,
         chunk: int = 16,
@@ -335,16 +338,21 @@ class HFCausalLM(eqx.Module):
         token is the causal model run on a window of `max_length` tokens, the prompt and the
         tokens drawn so far followed by filler the causal attention never reads): it is
         compiled once per model and `max_length`, whatever the prompt, the number of tokens,
-        the key or the temperature, and never per token.
+        the key, the temperature, `top_k` or `top_p`, and never per token.
 
         **Arguments:**
 
         - `prompt_ids`: `[prompt]` token ids, at least one.
         - `max_new_tokens`: how many tokens to draw, >= 0.
-        - `key`: a JAX random key: sample from $\\mathrm{softmax}(\\text{logits} / T)$;
-          token $i$ uses `jax.random.fold_in(key, i)`. None: greedy (the most likely token,
-          as Hugging Face's `generate(do_sample=False)`).
+        - `key`: a JAX random key: sample from $\\mathrm{softmax}(\\text{logits} / T)$,
+          filtered by `top_k` and `top_p`; token $i$ uses `jax.random.fold_in(key, i)`.
+          None: greedy (the most likely token, as Hugging Face's
+          `generate(do_sample=False)`).
         - `temperature`: $T > 0$ when sampling; 0 is greedy.
+        - `top_k`, `top_p`: keep the `top_k` most likely tokens (an integer >= 1; None: all),
+          then those whose probabilities sum to `top_p` (in (0, 1]; 1: all), as
+          `generate(do_sample=True, top_k=..., top_p=...)` filters
+          ([`warp_logits`][itde.train.warp_logits]); with a `key` only.
         - `eos_token_id`: stop after drawing this token (it is yielded); None: draw
           `max_new_tokens`.
         - `max_length`: the window length the program is compiled for (default: prompt
@@ -356,17 +364,24 @@ class HFCausalLM(eqx.Module):
         prompt, n_new, window_len = self._check_generate(
             prompt_ids, max_new_tokens, key, temperature, eos_token_id, max_length, chunk
         )
+        if key is None and (top_k is not None or top_p != 1):
+            raise ValueError(
+                f"`top_k`={top_k!r}, `top_p`={top_p!r} without a `key` would be ignored (no "
+                "key: greedy); pass `key=jax.random.key(seed)` to sample."
+            )
+        top_k, floor = check_filters(top_k, top_p)
         window = np.zeros((window_len,), np.int32)
         window[: prompt.shape[0]] = prompt
         window, filled = jnp.asarray(window), jnp.asarray(prompt.shape[0], jnp.int32)
         greedy = key is None or temperature == 0
         key = jax.random.key(0) if key is None else key
-        temp = jnp.asarray(0.0 if greedy else temperature, jnp.float32)
+        temp = _scalar(0.0 if greedy else temperature)
+        k, floor = jnp.asarray(top_k, jnp.int32), _scalar(floor)
         done = 0
         while done < n_new:
             n = min(chunk, n_new - done)
             window, filled, out = _draw(
-                self, window, filled, key, temp, jnp.asarray(done, jnp.int32),
+                self, window, filled, key, temp, k, floor, jnp.asarray(done, jnp.int32),
                 jnp.asarray(n, jnp.int32), chunk,
             )  # fmt: skip
             piece = np.asarray(out[:n])
@@ -451,26 +466,23 @@ def _natural(name, value, minimum):
 
 
 @eqx.filter_jit
-def _draw(lm, window, filled, key, temperature, start, n, chunk: int):
-    return _draw_traced(lm, window, filled, key, temperature, start, n, chunk)
+def _draw(lm, window, filled, key, temperature, top_k, floor, start, n, chunk: int):
+    return _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk)
 
 
 @eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
-def _draw_traced(lm, window, filled, key, temperature, start, n, chunk):
+def _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk):
     """Draw `n <= chunk` tokens after the `filled` tokens of `window`; token `i` of the
-    whole generation (`i = start + j`) uses `fold_in(key, i)`. The model is causal, so the
-    filler after position `filled - 1` does not reach it."""
+    whole generation (`i = start + j`) uses `fold_in(key, i)`; `top_k`, `floor`: the
+    filters of `itde._sampling.check_filters` (the sampler `itde sample` uses too). The
+    model is causal, so the filler after position `filled - 1` does not reach it."""
 
     def body(j, carry):
         window, filled, out = carry
         h = lm.base(window)[filled - 1]
         logits = lm.project(h)
         logits = logits.astype(wide(logits.dtype))
-        greedy = jnp.argmax(logits).astype(jnp.int32)
-        drawn = jax.random.categorical(
-            jax.random.fold_in(key, start + j), logits / jnp.maximum(temperature, 1e-6)
-        ).astype(jnp.int32)
-        tok = jnp.where(temperature > 0, drawn, greedy)
+        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
         return window.at[filled].set(tok), filled + 1, out.at[j].set(tok)
 
     out = jnp.zeros((chunk,), jnp.int32)

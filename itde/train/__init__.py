@@ -13,12 +13,15 @@
   checkpoints [`save_checkpoint`][], [`load_checkpoint`][], [`read_checkpoint_meta`][],
   [`CheckpointError`][]; continuity terms [`DepthRegularisation`][].
 - A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
-- Sampling: [`sample`][] and [`sample_stream`][] (causal text models: charlm, textlm).
+- Sampling: [`sample`][] and [`sample_stream`][] (causal text models: charlm, textlm),
+  filtered as Hugging Face's `generate` filters ([`warp_logits`][]: temperature, top-k,
+  top-p), the text decoded whole ([`IncrementalDecoder`][]).
 - Fine-tuning a Hugging Face causal language model (`[model] init = "hf:DIR"`):
   [`init_from_hf`][], [`token_model_from_lm`][], [`lm_from_token_model`][] and
   [`export_hf`][] (the fine-tuned model written back as a Hugging Face directory).
 """
 
+from .._sampling import IncrementalDecoder, warp_logits
 from ._checkpoint import CheckpointError
 from ._checkpoint import load as load_checkpoint
 from ._checkpoint import read_meta as read_checkpoint_meta
@@ -70,6 +73,7 @@ __all__ = [
     "ContinuityConfig",
     "DepthRegularisation",
     "FieldModel",
+    "IncrementalDecoder",
     "ModelConfig",
     "OptimConfig",
     "ParallelConfig",
@@ -107,6 +111,7 @@ __all__ = [
     "token_model_from_lm",
     "train",
     "transport_cost",
+    "warp_logits",
     "TrainResult",
     "with_depth",
 ]
