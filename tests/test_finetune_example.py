@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import itde
+import itde.train
 from itde.cli import main
 from itde.train import TrainExperiment, from_dict, load_config, to_dict
 
@@ -50,10 +51,10 @@ def _scratch(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def _run_page(model: str) -> str:
+def _run_page(model: str) -> tuple[str, dict]:
     """Run the page's Python and `itde` blocks in order; `model`: `"tiny"` runs the tiny
     GPT-2's block and leaves SmolLM2's out, `"smollm2"` the reverse. Returns what the
-    Python blocks printed."""
+    Python blocks printed and their namespace."""
     printed, namespace, kinds = io.StringIO(), {}, []
     for lang, code in _blocks():
         if lang == "python":
@@ -68,11 +69,17 @@ def _run_page(model: str) -> str:
                 assert line.startswith("itde "), line
                 assert main(shlex.split(line)[1:]) == 0, line
     assert kinds.count("smollm2") == 1 and kinds.count("tiny") == 1, kinds
-    return printed.getvalue()
+    return printed.getvalue(), namespace
 
 
-def _numbers(out: str) -> dict[str, float]:
-    """The page's printed comparisons, by label."""
+def _checked(out: str, page: dict) -> dict[str, float]:
+    """The page's printed comparisons, by label, checked against the models read here
+    (not by the page's code): transformers' logits of the written directory, the itde
+    model of the run's checkpoint, and the model before fine-tuning."""
+    import jax.numpy as jnp
+    import torch
+    import transformers as tf
+
     labels = {"itde vs transformers:": "ours", "fine-tuned vs before:": "change",
               "export vs OUT/hf:": "export", "step": "step"}  # fmt: skip
     found = {}
@@ -80,6 +87,16 @@ def _numbers(out: str) -> dict[str, float]:
         m = re.search(re.escape(label) + r" ([0-9.e+-]+)", out)
         assert m, (label, out)
         found[key] = float(m.group(1))
+    ids = torch.tensor([page["ids"]])
+    with torch.no_grad():
+        hf = tf.AutoModelForCausalLM.from_pretrained("runs/finetune_hf/hf").eval()
+        theirs = hf(ids).logits[0].numpy()
+        start = tf.AutoModelForCausalLM.from_pretrained(BASE).eval()(ids).logits[0].numpy()
+    model, _, meta = itde.train.load("runs/finetune_hf")
+    ours = np.asarray(itde.train.predict(model, jnp.asarray(ids.numpy())))[0]
+    assert found["step"] == meta["step"]
+    assert found["ours"] == pytest.approx(float(np.abs(ours - theirs).max()), rel=1e-5, abs=1e-12)
+    assert found["change"] == pytest.approx(float(np.abs(theirs - start).max()), rel=1e-5)
     return found
 
 
@@ -115,8 +132,8 @@ def test_the_how_to_fine_tunes_a_tiny_gpt2_with_the_shipped_config(tmp_path, mon
     reloaded transformers model is the fine-tuned itde model, to float32 round-off, and
     the fine-tuning moved it."""
     _scratch(tmp_path, monkeypatch)
-    out = _run_page("tiny")
-    got = _numbers(out)
+    out, page = _run_page("tiny")
+    got = _checked(out, page)
     steps = load_config(TrainExperiment, CONFIG).optim.steps
     assert got["step"] == steps == 40
     assert got["ours"] < 1e-5, out  # float32 round-off of a 2-layer width-32 network
@@ -127,9 +144,7 @@ def test_the_how_to_fine_tunes_a_tiny_gpt2_with_the_shipped_config(tmp_path, mon
     assert [r["step"] for r in rows if "eval_nats_per_token" in r] == [10, 20, 30, 40]
     # the written directory is the source class with the base model's tokenizer files
     written = Path("runs/finetune_hf/hf")
-    assert json.loads((written / "config.json").read_text())["architectures"] == [
-        "GPT2LMHeadModel"
-    ]
+    assert json.loads((written / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
     assert (written / "tokenizer.json").read_bytes() == Path(BASE, "tokenizer.json").read_bytes()
 
 
@@ -194,8 +209,8 @@ def test_the_how_to_fine_tunes_smollm2(tmp_path, monkeypatch):
         text, n = re.subn(rf"^{key} = \d+", f"{key} = {value}", text, flags=re.M)
         assert n == 1, key
     cfg.write_text(text)
-    out = _run_page("smollm2")
-    got = _numbers(out)
+    out, page = _run_page("smollm2")
+    got = _checked(out, page)
     assert got["step"] == 2 and got["export"] == 0.0, out
     assert got["ours"] < 1e-4 and got["change"] > 100 * got["ours"], out
 
@@ -209,7 +224,7 @@ def test_the_how_to_fine_tunes_smollm2(tmp_path, monkeypatch):
     tokenizer = tf.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     ids = tokenizer(paragraph)["input_ids"]
     assert tf.AutoTokenizer.from_pretrained(BASE)(paragraph)["input_ids"] == ids
-    assert HFTokenizer.from_dir(BASE).encode(paragraph) == ids  # what `itde train` reads
+    assert HFTokenizer.from_dir(BASE).encode(paragraph).tolist() == ids  # what `itde train` reads
     with torch.no_grad():
         want = reference.eval()(torch.tensor([ids])).logits.numpy()
         have = written(torch.tensor([ids])).logits.numpy()
