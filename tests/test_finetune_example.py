@@ -5,7 +5,7 @@ config reads its model.
 The page's blocks run in order, as written, in a scratch directory holding a copy of
 `configs/`: its Python blocks in one namespace, its `itde` command through
 `itde.cli.main`. In the default tier the page's tiny random GPT-2 is the model (the
-SmolLM2 block is left out) and the shipped config runs unedited: 40 steps, then the
+SmolLM2 block is left out) and the shipped config runs unedited: 20 steps, then the
 reloaded `transformers` model's logits are compared with the fine-tuned itde model's.
 Under `-m slow` the page runs on SmolLM2 (the tiny-model block left out, the config's
 steps cut to 2), and `smollm2_dir`'s directory is checked against transformers' own
@@ -135,13 +135,14 @@ def test_the_how_to_fine_tunes_a_tiny_gpt2_with_the_shipped_config(tmp_path, mon
     out, page = _run_page("tiny")
     got = _checked(out, page)
     steps = load_config(TrainExperiment, CONFIG).optim.steps
-    assert got["step"] == steps == 40
+    assert got["step"] == steps == 20
     assert got["ours"] < 1e-5, out  # float32 round-off of a 2-layer width-32 network
     assert got["change"] > 1e3 * max(got["ours"], 1e-9), out  # the run changed the model
+    assert 0.03 < got["change"] < 0.12, out  # the page says "about 0.06"
     assert got["export"] == 0.0, out  # export_hf writes the same weights as OUT/hf
     rows = [json.loads(r) for r in Path("runs/finetune_hf/metrics.jsonl").read_text().split("\n")
             if r]  # fmt: skip
-    assert [r["step"] for r in rows if "eval_nats_per_token" in r] == [10, 20, 30, 40]
+    assert [r["step"] for r in rows if "eval_nats_per_token" in r] == [5, 10, 15, 20]
     # the written directory is the source class with the base model's tokenizer files
     written = Path("runs/finetune_hf/hf")
     assert json.loads((written / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
@@ -212,7 +213,9 @@ def test_the_how_to_fine_tunes_smollm2(tmp_path, monkeypatch):
     out, page = _run_page("smollm2")
     got = _checked(out, page)
     assert got["step"] == 2 and got["export"] == 0.0, out
-    assert got["ours"] < 1e-4 and got["change"] > 100 * got["ours"], out
+    # float32 round-off through 30 layers (measured 6e-5 on logits of ~20 after 40 steps)
+    scale = float(np.abs(page["theirs"]).max())
+    assert got["ours"] < 1e-5 * scale and got["change"] > 1e3 * got["ours"], (out, scale)
 
     gguf = itde.interop.smollm2_gguf()
     config = tf.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
