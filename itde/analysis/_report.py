@@ -33,13 +33,13 @@ from ._common import equation_of
 from ._flow import FlowMap
 from ._geometry import geometry_along
 from ._sensitivity import lyapunov_spectrum
+from ._spectra import spectra
 from ._token_exponents import (
     AbstractTokenExponent,
     as_token_exponent,
     token_exponent_name,
     token_lyapunov_exponents,
 )
-from ._spectra import spectra
 
 #: The number of depth intervals of a report on a model whose controls are smooth in depth
 #: (a network's are its layers).

@@ -25,10 +25,11 @@ weights $w_z$ for function kernels) the kernels are those of integral operators 
 $L^2(\Omega_y)$: $B_m$ has kernel $b_m(\xi, \eta) = \int_{\Omega_h} W^Q_m(\xi, e) W^K(\eta, e)\,de$,
 and the matrix of that operator in an orthonormal basis of the discrete $L^2_w$ is
 $D_w^{1/2}\, W^Q_m D_{w_h} {W^K}^\top D_w^{1/2}$ ($D_w = \mathrm{diag}(w)$); likewise
-$D_w^{1/2} W^V D_{w_h} W^O D_w^{1/2}$, $D_w^{1/2} W_1 D_{w_z}^{1/2}$ and
-$D_{w_z}^{1/2} W_2 D_w^{1/2}$, and $D_w^{1/2} W_1 D_{w_z} W_2 D_w^{1/2}$. Their eigenvalues are the Nyström eigenvalues of the
-continuous operators (those of $W^Q D_{w_h} {W^K}^\top D_w$, a similar matrix), and they
-converge with the grid; on the unit grid (every weight 1) they are the plain matrices'.
+$D_w^{1/2} W^V D_{w_h} W^O D_w^{1/2}$, $D_w^{1/2} W_1 D_{w_z}^{1/2}$,
+$D_{w_z}^{1/2} W_2 D_w^{1/2}$ and $D_w^{1/2} W_1 D_{w_z} W_2 D_w^{1/2}$. Their eigenvalues
+are the Nyström eigenvalues of the continuous operators (those of
+$W^Q D_{w_h} {W^K}^\top D_w$, a similar matrix), and they converge with the grid; on the
+unit grid (every weight 1) they are the plain matrices'.
 
 **Cost.** $B_m$ has rank at most $k = \min(d, d_\mathrm{head})$, so its spectrum is taken
 from $k \times k$ matrices: the nonzero eigenvalues of $A B^\top$ are those of $B^\top A$,

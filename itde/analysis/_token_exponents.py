@@ -298,9 +298,9 @@ def token_lyapunov_exponents(
     - `k`: how many exponents per token (the largest), $1 \le k \le$ `features`.
     - `mask`: the key mask (`[tokens]`, False on padding): the solve uses it, and padded
       tokens get NaN.
-    - `method`: the definition: a module of [`AbstractTokenExponent`][itde.analysis.AbstractTokenExponent]
-      or its name in [`TOKEN_EXPONENTS`][itde.analysis.TOKEN_EXPONENTS] (`"exact"`,
-      `"tong"`).
+    - `method`: the definition: an
+      [`AbstractTokenExponent`][itde.analysis.AbstractTokenExponent] module or its name in
+      [`TOKEN_EXPONENTS`][itde.analysis.TOKEN_EXPONENTS] (`"exact"`, `"tong"`).
     - `block_size`, `rtol`, `max_iters`, `key`, `throw`: the exact definition's power
       iteration (`"all"`, `"self"`), as in `lyapunov_spectrum`, per token block
       ($k \le p \le$ `features`, default $\min(\text{features}, 2k + 2)$).
