@@ -150,6 +150,22 @@ def test_the_exact_and_tongs_definitions_differ(neox, tong):
     assert not np.array_equal(np.argsort(exact), np.argsort(theirs))
 
 
+def test_tong_exponent_in_float32_with_padding(neox, tong):
+    """Float32, two padded tokens after the real ones: the padded tokens get NaN, the real
+    ones (towards the last *real* token) keep their float64 exponents to float32
+    accuracy."""
+    _, eq, u0, _, _ = neox
+    eq32 = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, eq)
+    u = jnp.concatenate([u0, jnp.full((2, D), 3.0)]).astype(jnp.float32)
+    mask = jnp.arange(N + 2) < N
+    got = jax.jit(lambda e, x: token_lyapunov_exponents(e, x, mask=mask, k=2, method="tong"))(
+        eq32, u
+    )
+    assert got.exponents.dtype == jnp.float32
+    assert np.all(np.isnan(np.asarray(got.exponents)[N:]))
+    np.testing.assert_allclose(got.exponents[:N], tong[0].exponents[:, :2], rtol=1e-4, atol=1e-5)
+
+
 def qkvflow_ff_spectrum(ff1, ff2):
     """A port of qkvflow's `examine_FF_spectra_info` (`qkvflow/analysis/spectral.py`) for
     one layer, `rank=None`: the eigenvalues of `ff1 @ ff2`, GPT-2's (levanter's)
