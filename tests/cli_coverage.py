@@ -5,7 +5,8 @@ A *command* is a code path of the `itde` command line, named by a key:
 - `converge --axis AXIS` for every choice of `--axis`, `converge --checkpoint`,
   `converge --hf`;
 - `analyze --config` (the built-in config included), `analyze --checkpoint`,
-  `analyze --hf`;
+  `analyze --hf`, and `analyze --exponent NAME` for every token exponent but the default
+  (`itde.analysis.TOKEN_EXPONENTS`);
 - `train TASK` for every task of `itde.train.TASKS`, and `train --resume`;
 - every other subcommand by its name (`solve`, `eval`, `sample`, and any added later);
 - `COMMAND --set` for every subcommand that has `--set` (a config key overridden from
@@ -52,6 +53,8 @@ def command_key(args: argparse.Namespace) -> str:
         cfg, _ = _config.experiment(_config.ConvergeExperiment, args.config, args.set)
         return f"converge --axis {args.axis or cfg.study.axis}"
     if c == "analyze":
+        if getattr(args, "exponent", "exact") != "exact":
+            return f"analyze --exponent {args.exponent}"
         for source in ("checkpoint", "hf"):
             if getattr(args, source) is not None:
                 return f"analyze --{source}"
@@ -78,7 +81,10 @@ def expected_keys() -> set[str]:
             keys |= {f"converge --axis {a}" for a in axis.choices}
             keys |= {"converge --checkpoint", "converge --hf"}
         elif name == "analyze":
+            from itde.analysis import TOKEN_EXPONENTS
+
             keys |= {"analyze --config", "analyze --checkpoint", "analyze --hf"}
+            keys |= {f"analyze --exponent {e}" for e in TOKEN_EXPONENTS if e != "exact"}
         elif name == "train":
             keys |= {f"train {task}" for task in itde.train.TASKS} | {"train --resume"}
         else:

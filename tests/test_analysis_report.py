@@ -73,6 +73,11 @@ def test_spectra_are_those_of_each_layers_weights(network):
             assert sp["qk_spectral_norm"][n][h] == pytest.approx(np.linalg.norm(qk, 2), rel=1e-9)
             vo = np.asarray(att.wv[h]) @ np.asarray(att.wo[h])
             assert sp["vo_spectral_norm"][n][h] == pytest.approx(np.linalg.norm(vo, 2), rel=1e-9)
+        ff = m.controls.layer(n).feedforward  # Tong et al.'s feed-forward spectrum
+        w1w2 = np.asarray(ff.w1) @ np.asarray(ff.w2)
+        assert sp["w1w2_max_abs_eigenvalue"][n] == pytest.approx(
+            np.abs(np.linalg.eigvals(w1w2)).max(), rel=1e-9
+        )
 
 
 def _sigma1(f, u):
@@ -94,7 +99,7 @@ def test_exponents_against_dense_jacobians(network):
     # token exponents towards the last token: blocks of the dense Jacobian of u(T)[-1]
     j = np.asarray(jax.jacrev(lambda u: m.trajectory(u)[-1, -1])(u0[0]))  # [D, N, D]
     want = [np.log(np.linalg.svd(j[:, i, :], compute_uv=False)[0]) / L for i in range(N)]
-    assert ly["token_target"] == N - 1
+    assert ly["token_target"] == N - 1 and ly["token_exponent"] == "exact"
     np.testing.assert_allclose(ly["token_exponents"], want, rtol=1e-9)
 
 
@@ -161,7 +166,7 @@ def test_figure_has_one_panel_per_quantity_with_the_layers_marked(network):
     shown = [ax for ax in fig.axes if ax.get_visible()]
     titles = [ax.get_title() for ax in shown]
     assert len(titles) == 10 and len(set(titles)) == 10  # nine quantities, the histogram
-    assert "effective rank" in titles and "token Lyapunov exponents (towards 3)" in titles
+    assert "effective rank" in titles and "token Lyapunov exponents, exact (towards 3)" in titles
     for ax in shown[:-1]:  # depth panels: the data and a dotted line per layer boundary
         assert ax.get_xlabel() == "depth t"
         assert sum(line.get_linestyle() == ":" for line in ax.lines) == L + 1

@@ -22,18 +22,21 @@ from ._geometry import (
     token_geometry,
 )
 from ._report import analyze, figure_report, plot_report, report_depths
-from ._sensitivity import (
-    LyapunovSpectrum,
-    TokenExponents,
-    lyapunov_spectrum,
-    token_lyapunov_exponents,
-)
+from ._sensitivity import LyapunovSpectrum, TokenExponents, lyapunov_spectrum
 from ._spectra import (
     HeadSpectra,
     Spectra,
+    feedforward_eigenvalues,
     feedforward_singular_values,
     head_spectra,
     spectra,
+)
+from ._token_exponents import (
+    TOKEN_EXPONENTS,
+    AbstractTokenExponent,
+    FlowJacobianExponent,
+    TongExponent,
+    token_lyapunov_exponents,
 )
 
 __all__ = [
@@ -44,6 +47,10 @@ __all__ = [
     "TokenExponents",
     "lyapunov_spectrum",
     "token_lyapunov_exponents",
+    "AbstractTokenExponent",
+    "FlowJacobianExponent",
+    "TongExponent",
+    "TOKEN_EXPONENTS",
     # spectra, token geometry, energies
     "EnergyTrace",
     "HeadSpectra",
@@ -56,6 +63,7 @@ __all__ = [
     "cosines",
     "effective_rank",
     "energy_along",
+    "feedforward_eigenvalues",
     "feedforward_singular_values",
     "geometry_along",
     "head_spectra",

@@ -18,7 +18,7 @@ from .._abstract import AbstractEquation
 from .._checks import check_float, check_int
 from .._controls import AbstractBlock, AbstractControls, PiecewiseConstant
 from .._operators._mask import key_mask
-from .._solve import TERMS_KINDS, solve
+from .._solve import TERMS_KINDS, fixed_steps, solve
 
 
 class _ControlsFrom(AbstractControls):
@@ -211,9 +211,7 @@ class FlowMap(eqx.Module):
         """The key mask as booleans `[tokens]` (checked against `u`), or None."""
         return key_mask(mask, u.shape[0])
 
-    def solve(self, u, mask=None, adjoint: diffrax.AbstractAdjoint | None = None):
-        """$u(t)$ from $u(s) =$ `u`, with a chosen diffrax `adjoint` (`ForwardMode()` for
-        forward-mode derivatives; default: reverse mode)."""
+    def _solve(self, u, mask, adjoint=None, saveat=None):
         terms = self.kind if self.split is None else self.split
         sol = solve(
             _starting_at(self.model, self.s),
@@ -225,10 +223,42 @@ class FlowMap(eqx.Module):
             terms=terms,
             max_steps=self.max_steps,
             adjoint=adjoint,
+            saveat=saveat,
             args=mask,
         )
         assert sol.ys is not None
-        return sol.ys[-1]
+        return sol.ys
+
+    def solve(self, u, mask=None, adjoint: diffrax.AbstractAdjoint | None = None):
+        """$u(t)$ from $u(s) =$ `u`, with a chosen diffrax `adjoint` (`ForwardMode()` for
+        forward-mode derivatives; default: reverse mode)."""
+        return self._solve(u, mask, adjoint)[-1]
+
+    def step_depths(self) -> np.ndarray:
+        r"""The depths $s = \tau_0 < \tau_1 < \dots < \tau_K = t$ of the solve's fixed
+        steps (float64 NumPy): steps of `dt0` (default: the controls' own step, one layer
+        of per-layer controls) from $s$, restarted at every later layer boundary, as
+        [`itde.solve`][itde.solve] takes them. An adaptive `stepsize_controller` has no
+        such grid: a `ValueError`."""
+        if isinstance(self.stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+            raise ValueError(
+                f"this flow map's steps are chosen by its `stepsize_controller`="
+                f"{type(self.stepsize_controller).__name__} while it solves, so it has no "
+                "fixed step grid; give FlowMap a fixed `dt0` and no adaptive controller."
+            )
+        controls = _starting_at(self.model, self.s).controls
+        dt0 = controls.default_step if self.dt0 is None else self.dt0
+        return fixed_steps(self.s, self.t, dt0, tuple(controls.jump_times()))
+
+    def states(
+        self, u: Float[Array, "tokens features"], ts, mask=None
+    ) -> Float[Array, "depths tokens features"]:
+        """The states at the depths `ts` (increasing, within $[s, t]$) of the solution that
+        is `u` at $s$, along this map's own solve (its solver, step and terms):
+        `[depths, tokens, features]`."""
+        self.check_state(u, "u")
+        ts = jnp.asarray(ts, jnp.promote_types(u.dtype, jnp.float32))
+        return self._solve(u, self._key_mask(u, mask), saveat=diffrax.SaveAt(ts=ts))
 
     def __call__(
         self, u: Float[Array, "tokens features"], mask=None

@@ -11,7 +11,8 @@ layer), saves the state at every depth of the report, and evaluates
 - the leading finite-time Lyapunov exponent of the flow over each interval between two
   consecutive depths (per layer, for a network), and of the whole depth, with the
   token-level exponents ([`lyapunov_spectrum`][itde.analysis.lyapunov_spectrum],
-  [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents]) of the first input.
+  [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents], by the exact
+  definition or Tong et al.'s) of the first input.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ from .._solve import solve
 from ._common import equation_of
 from ._flow import FlowMap
 from ._geometry import geometry_along
-from ._sensitivity import lyapunov_spectrum, token_lyapunov_exponents
+from ._sensitivity import lyapunov_spectrum
 from ._spectra import spectra
+from ._token_exponents import (
+    AbstractTokenExponent,
+    as_token_exponent,
+    token_exponent_name,
+    token_lyapunov_exponents,
+)
 
 #: The number of depth intervals of a report on a model whose controls are smooth in depth
 #: (a network's are its layers).
@@ -127,6 +134,7 @@ def analyze(
     tol: float = 1e-3,
     lyapunov: bool = True,
     token_target: str | int = "last",
+    token_exponent: AbstractTokenExponent | str = "exact",
     key=None,
 ) -> dict:
     r"""Every quantity of `itde.analysis` against depth, as a JSON-able dict.
@@ -146,9 +154,14 @@ def analyze(
       interval, see below).
     - `token_target`: the output the token exponents measure, as `target` of
       [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents]: `"last"`
-      (default: the first input's last real token, the exponent of Tong et al., exact and
-      cheap: `features` VJPs), an output token index, `"all"` or `"self"` (power
-      iterations over every token's block: tens of times dearer).
+      (default: the first input's last real token, the output Tong et al. read; cheap:
+      `features` VJPs), an output token index, `"all"` or `"self"` (exact definition
+      only: power iterations over every token's block, tens of times dearer).
+    - `token_exponent`: the definition of the token exponents, `method` of
+      `token_lyapunov_exponents`: `"exact"` (default, the blocks of the flow's Jacobian,
+      [`FlowJacobianExponent`][itde.analysis.FlowJacobianExponent]) or `"tong"` (Tong et
+      al.'s QR iteration over $I + \Delta t\, J$ of the per-layer vector field,
+      [`TongExponent`][itde.analysis.TongExponent]), or such a module.
     - `key`: the PRNG key of the power iterations' random starts.
 
     **Returns:** a dict with `"depths"` (the saved depths $t_0 < \dots < t_K$),
@@ -161,12 +174,16 @@ def analyze(
       `{name: [depths]}` (the constraint residuals of the norm at each depth).
     - `"spectra"`: at each depth where an interval starts, `qk_max_abs_eigenvalue` and
       `qk_spectral_norm` ($W^Q {W^K}^\top$), `vo_spectral_norm` ($W^V W^O$), each
-      `[depths][heads]`, and `w1_spectral_norm`, `w2_spectral_norm` `[depths]`.
+      `[depths][heads]`, `w1_spectral_norm`, `w2_spectral_norm` and
+      `w1w2_max_abs_eigenvalue` (the largest modulus of an eigenvalue of $W_1 W_2$, Tong et
+      al.'s feed-forward spectrum) `[depths]`.
     - `"lyapunov"` (if `lyapunov`): `intervals` `[[s, t], ...]`, `leading_exponent` and
       `leading_singular_value` per interval (of the first input's flow map
       $u(s) \mapsto u(t)$ on the whole state), `whole_depth` (the same over $[t_0, t_K]$),
       `token_exponents` (each input token's leading exponent over $[t_0, t_K]$ towards
-      `token_target`; None on padding) and `token_target` (the index, or the name).
+      `token_target`; None on padding), `token_target` (the index, or the name) and
+      `token_exponent` (the definition's name in
+      [`TOKEN_EXPONENTS`][itde.analysis.TOKEN_EXPONENTS]).
     - `"wall_s"`: the wall-clock seconds spent.
 
     **Cost:** one batched solve saving the states; a geometry evaluation per saved depth
@@ -176,6 +193,7 @@ def analyze(
     whole-depth spectrum and the token exponents (tokens × a few tangents per iteration).
     """
     start = time.perf_counter()
+    token_exponent = as_token_exponent(token_exponent, "token_exponent")
     eq = equation_of(model)
     ts = report_depths(eq, depths)
     u0, mask = _batch(u0, mask)
@@ -217,6 +235,7 @@ def analyze(
         "vo_spectral_norm": _floats(sp.vo_singular_values[..., 0]),
         "w1_spectral_norm": _floats(sp.w1_singular_values[..., 0]),
         "w2_spectral_norm": _floats(sp.w2_singular_values[..., 0]),
+        "w1w2_max_abs_eigenvalue": _floats(jnp.abs(sp.w1w2_eigenvalues)[..., 0]),
     }
     out = {
         "depths": _floats(ts),
@@ -230,7 +249,7 @@ def analyze(
         "spectra": spec,
     }
     if lyapunov:
-        out["lyapunov"] = _lyapunov(eq, ts, ys, mask, fixed, key, token_target)
+        out["lyapunov"] = _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent)
     out["wall_s"] = time.perf_counter() - start
     return out
 
@@ -258,7 +277,7 @@ def _layer_equations(eq, ts):
     ]
 
 
-def _lyapunov(eq, ts, ys, mask, fixed, key, token_target) -> dict:
+def _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent) -> dict:
     """The leading exponent over each interval and the whole depth, and the token
     exponents, for the first input."""
     key = jax.random.key(0) if key is None else key
@@ -281,10 +300,15 @@ def _lyapunov(eq, ts, ys, mask, fixed, key, token_target) -> dict:
         sig.append(float(r.singular_values[0]))
         intervals.append([float(s), float(t)])
     whole = FlowMap(eq, float(ts[0]), float(ts[-1]), **opts)
-    r = lyapunov_spectrum(whole, ys[0, 0], 1, mask=m, key=key)
+    r = leading(whole, ys[0, 0], key)  # compiled: op by op, the solves dispatch slowly
     if isinstance(token_target, str) and token_target == "last":
         token_target = int(ys.shape[2] - 1 if m is None else int(np.flatnonzero(m)[-1]))
-    tok = token_lyapunov_exponents(whole, ys[0, 0], target=token_target, mask=m, key=key)
+    tokens = eqx.filter_jit(
+        lambda flow, u, k: token_lyapunov_exponents(
+            flow, u, target=token_target, mask=m, key=k, method=token_exponent
+        )
+    )
+    tok = tokens(whole, ys[0, 0], key)
     return {
         "intervals": intervals,
         "leading_exponent": _floats(lead),
@@ -296,6 +320,7 @@ def _lyapunov(eq, ts, ys, mask, fixed, key, token_target) -> dict:
         },
         "token_exponents": _floats(tok.exponents[:, 0]),
         "token_target": token_target,
+        "token_exponent": token_exponent_name(token_exponent),
     }
 
 
@@ -321,8 +346,9 @@ def figure_report(report: dict, title: str = ""):
     panels += [
         ("max |eig| of W^Q W^K^T per head", starts, _heads(sp["qk_max_abs_eigenvalue"]), "log"),
         ("||W^V W^O|| per head", starts, _heads(sp["vo_spectral_norm"]), "log"),
-        ("feed-forward spectral norms", starts,
-         {"W1": sp["w1_spectral_norm"], "W2": sp["w2_spectral_norm"]}, "log"),
+        ("feed-forward: ||W1||, ||W2||, max |eig W1 W2|", starts,
+         {"W1": sp["w1_spectral_norm"], "W2": sp["w2_spectral_norm"],
+          "eig W1 W2": sp["w1w2_max_abs_eigenvalue"]}, "log"),
     ]  # fmt: skip
     lyap = report.get("lyapunov")
     if lyap is not None:
@@ -360,7 +386,8 @@ def figure_report(report: dict, title: str = ""):
         if w is not None:
             ax.axvline(w, color="C3", lw=1, label="whole state")
             ax.legend(fontsize=7)
-        ax.set_title(f"token Lyapunov exponents (towards {lyap['token_target']})", fontsize=9)
+        ax.set_title(f"token Lyapunov exponents, {lyap['token_exponent']} (towards "
+                     f"{lyap['token_target']})", fontsize=9)  # fmt: skip
         ax.set_xlabel("exponent", fontsize=8)
     for ax in flat[n:]:
         ax.set_visible(False)

@@ -20,7 +20,7 @@ from ._flow import FlowJacobian, FlowMap
 
 #: The default tolerance of the iteration, by state dtype (see `lyapunov_spectrum`).
 DEFAULT_RTOL = {"float64": 1e-6, "float32": 1e-3}
-TARGETS = ("all", "self")
+TARGETS = ("all", "self")  # the exact definition's string targets
 
 
 class LyapunovSpectrum(eqx.Module):
@@ -57,13 +57,16 @@ class TokenExponents(eqx.Module):
 
     **Fields:**
 
-    - `singular_values`: `[tokens, k]`, the leading singular values of token $i$'s block,
-      descending; NaN on padded tokens.
+    - `singular_values`: `[tokens, k]`, the growth factors $\sigma = e^{\lambda (t - s)}$,
+      descending: for the exact definition the leading singular values of token $i$'s
+      block; for [`TongExponent`][itde.analysis.TongExponent] the products
+      $\prod_k |(R_{i,k})_{aa}|$ of its QR iteration. NaN on padded tokens.
     - `exponents`: `[tokens, k]`, $\log \sigma / (t - s)$; NaN on padded tokens.
     - `residuals`: `[tokens, k]`, as in [`LyapunovSpectrum`][itde.analysis.LyapunovSpectrum]
-      (0 for an integer `target`: exact).
+      (0 where nothing is iterated: an integer `target`, or Tong's definition).
     - `n_iterations`, `converged`, `n_jvps`, `n_vjps`: as in `LyapunovSpectrum`, for the
-      whole batch of blocks.
+      whole batch of blocks (for Tong's definition `n_vjps` counts VJPs of the vector
+      field, `features` per step).
     """
 
     singular_values: Float[Array, "tokens k"]
@@ -184,67 +187,21 @@ def lyapunov_spectrum(
     )
 
 
-def token_lyapunov_exponents(
-    flow: FlowMap | AbstractEquation,
+def _flow_jacobian_exponents(
+    flow: FlowMap,
     u: Float[Array, "tokens features"],
-    *,
-    target: str | int = "all",
-    k: int = 1,
-    mask=None,
-    block_size: int | None = None,
-    rtol: float | None = None,
-    max_iters: int = 100,
-    key=None,
-    throw: bool = True,
+    target: str | int,
+    k: int,
+    mask,
+    block_size: int | None,
+    rtol: float | None,
+    max_iters: int,
+    key,
+    throw: bool,
 ) -> TokenExponents:
-    r"""Finite-time Lyapunov exponents of each token: the leading singular values of the
-    Jacobian block that token $i$'s input at depth $s$ has, and $\log \sigma / (t - s)$.
-
-    **Definition.** For token $i$ (a `features`-dimensional input $u_i(s)$), the block
-    $B_i$ and its exponents $\lambda_{i,r} = \log \sigma_r(B_i) / (t - s)$ are, by `target`:
-
-    - `"all"` (default): $B_i = \partial u(t) / \partial u_i(s)$, `[tokens * features,
-      features]`: how much the whole state at depth $t$ moves per unit perturbation of
-      token $i$ alone (with a `mask`, measured on the real tokens only). The exponent of
-      token $i$ is its influence on the sequence.
-    - an integer $j$ (e.g. the last real token, which predicts the next one):
-      $B_i = \partial u_j(t) / \partial u_i(s)$, `[features, features]`: the sensitivity
-      of the output token $j$ to the input token $i$. This is the token-level exponent of
-      Tong et al. (ICLR 2025, "Neural ODE Transformers"), who read the output at the last
-      position and colour each input token by its largest exponent; here the block is the
-      exact Jacobian of the solved flow (they accumulate per-layer blocks of the vector
-      field). Computed exactly, with no iteration: `features` VJPs give every block
-      $B_i$ at once, then a batched SVD.
-    - `"self"`: $B_i = \partial u_i(t) / \partial u_i(s)$, `[features, features]`: the
-      token's sensitivity to its own input.
-
-    For `"all"` and `"self"`, the block power iteration of
-    [`lyapunov_spectrum`][itde.analysis.lyapunov_spectrum] runs on every token's block at
-    once (a batch of `tokens` operators on `features`-dimensional inputs): the same
-    tolerance per token, the same convergence (per token, at the ratio
-    $(\sigma_{p+1}(B_i)/\sigma_r(B_i))^2$ per iteration), until every real token meets
-    `rtol` (padded tokens are skipped).
-
-    **Cost.** `"all"` and `"self"`: per iteration `tokens` × $p$ JVPs and as many VJPs,
-    batched in one forward and one backward solve (memory: `tokens` × $p$ tangent states
-    of size tokens × features). An integer `target`: `features` VJPs in all.
-
-    **Arguments:**
-
-    - `flow`: a [`FlowMap`][itde.analysis.FlowMap], or a model (`FlowMap(model)`).
-    - `u`: the state at depth $s$, `[tokens, features]`, float32 or float64.
-    - `target`: `"all"`, `"self"` or an output token: a position $j \ge 0$ (a real
-      token), or $j < 0$ counting back from the last *real* token (`-1`: the last real
-      token, whichever side the padding is on). A padded position, or more real tokens
-      counted back than `mask` has, is an error.
-    - `k`: how many singular values per token, $1 \le k \le$ `features`.
-    - `mask`: the key mask (`[tokens]`, False on padding): the solve uses it, and padded
-      tokens get NaN.
-    - `block_size`, `rtol`, `max_iters`, `key`, `throw`: as in `lyapunov_spectrum`, per
-      token block ($k \le p \le$ `features`, default $\min(\text{features}, 2k + 2)$).
-
-    **Returns:** a [`TokenExponents`][itde.analysis.TokenExponents].
-    """
+    """The exact token exponents ([`FlowJacobianExponent`][itde.analysis.FlowJacobianExponent]):
+    singular values of the blocks of the solved flow's Jacobian (see
+    [`token_lyapunov_exponents`][itde.analysis.token_lyapunov_exponents])."""
     flow = _as_flow(flow)
     jac = flow.jacobian(u, mask)
     n_tokens, d = u.shape

@@ -10,17 +10,26 @@ attention $g(m)$ is the key/value head query head $m$ reads, as the operator app
 - the value-output map, $C_m = W^V_{g(m)} W^O_m$ ($d \times d$): what head $m$ adds to a token
   is $\sum_{\tilde x} \gamma_m(x, \tilde x)\, u(\tilde x)\, C_m$;
 - the feed-forward's kernels $W_1$ ($d \times d_\mathrm{ff}$), $W_2$
-  ($d_\mathrm{ff} \times d$) and, for a gated one, $W_\mathrm{gate}$.
+  ($d_\mathrm{ff} \times d$) and, for a gated one, $W_\mathrm{gate}$: the singular values
+  of each, and the eigenvalues of their product $W_1 W_2$ ($d \times d$, the map a token
+  goes through in the feed-forward with its activation taken away; for a gated one the
+  up and down kernels, the gate left out). That product is Tong et al.'s feed-forward
+  spectrum (ICLR 2025, "Neural ODE Transformers"; `qkvflow/analysis/spectral.py`,
+  `examine_FF_spectra_info`: the eigenvalues of `c_fc.weight @ c_proj.weight`, GPT-2's
+  $[d, d_\mathrm{ff}]$ and $[d_\mathrm{ff}, d]$ kernels). They keep all $d$ of them,
+  sorted by real part, and store the real parts only; here the
+  $\min(d, d_\mathrm{ff})$ that can be nonzero, complex, by decreasing modulus.
 
 **Quadrature weights.** On a grid with feature weights $w$ (and head weights $w_h$, hidden
 weights $w_z$ for function kernels) the kernels are those of integral operators on
 $L^2(\Omega_y)$: $B_m$ has kernel $b_m(\xi, \eta) = \int_{\Omega_h} W^Q_m(\xi, e) W^K(\eta, e)\,de$,
 and the matrix of that operator in an orthonormal basis of the discrete $L^2_w$ is
 $D_w^{1/2}\, W^Q_m D_{w_h} {W^K}^\top D_w^{1/2}$ ($D_w = \mathrm{diag}(w)$); likewise
-$D_w^{1/2} W^V D_{w_h} W^O D_w^{1/2}$, $D_w^{1/2} W_1 D_{w_z}^{1/2}$ and
-$D_{w_z}^{1/2} W_2 D_w^{1/2}$. Their eigenvalues are the Nyström eigenvalues of the
-continuous operators (those of $W^Q D_{w_h} {W^K}^\top D_w$, a similar matrix), and they
-converge with the grid; on the unit grid (every weight 1) they are the plain matrices'.
+$D_w^{1/2} W^V D_{w_h} W^O D_w^{1/2}$, $D_w^{1/2} W_1 D_{w_z}^{1/2}$,
+$D_{w_z}^{1/2} W_2 D_w^{1/2}$ and $D_w^{1/2} W_1 D_{w_z} W_2 D_w^{1/2}$. Their eigenvalues
+are the Nyström eigenvalues of the continuous operators (those of
+$W^Q D_{w_h} {W^K}^\top D_w$, a similar matrix), and they converge with the grid; on the
+unit grid (every weight 1) they are the plain matrices'.
 
 **Cost.** $B_m$ has rank at most $k = \min(d, d_\mathrm{head})$, so its spectrum is taken
 from $k \times k$ matrices: the nonzero eigenvalues of $A B^\top$ are those of $B^\top A$,
@@ -70,6 +79,9 @@ class Spectra(eqx.Module):
       [`HeadSpectra`][itde.analysis.HeadSpectra], with a leading depth axis.
     - `w1_singular_values`, `w2_singular_values`: the feed-forward's kernels,
       `[depths, min(d, d_ff)]`, decreasing.
+    - `w1w2_eigenvalues`: the nonzero eigenvalues of $W_1 W_2$ (complex),
+      `[depths, min(d, d_ff)]`, by decreasing modulus (see
+      [`feedforward_eigenvalues`][itde.analysis.feedforward_eigenvalues]).
     - `w_gate_singular_values`: the gate's kernel of a gated feed-forward, or None.
     """
 
@@ -80,6 +92,7 @@ class Spectra(eqx.Module):
     vo_singular_values: Float[Array, "depths heads kv"]
     w1_singular_values: Float[Array, "depths k"]
     w2_singular_values: Float[Array, "depths k"]
+    w1w2_eigenvalues: Complex[Array, "depths k"]
     w_gate_singular_values: Float[Array, "depths k"] | None = None
 
 
@@ -216,6 +229,44 @@ def feedforward_singular_values(
     return out
 
 
+@jax.jit
+def _w1w2_eigenvalues(w1, w2, left, mid):
+    # D^{1/2} W1 D_z W2 D^{1/2} = a b^T with a = D^{1/2} W1 D_z^{1/2}, b = D^{1/2} W2^T D_z^{1/2}
+    lam, _ = _product_spectrum(_scale(w1, left, mid), _scale(jnp.swapaxes(w2, -1, -2), left, mid))
+    return lam
+
+
+def feedforward_eigenvalues(
+    feedforward,
+    *,
+    feature_weights: np.ndarray | None = None,
+    hidden_weights: np.ndarray | None = None,
+) -> Array:
+    r"""The nonzero eigenvalues of a discrete feed-forward's kernel product $W_1 W_2$.
+
+    $W_1$ `[d, d_ff]` and $W_2$ `[d_ff, d]` (a [`FeedForward`][itde.FeedForward]'s
+    `w1`, `w2`; a [`GatedFeedForward`][itde.GatedFeedForward]'s up and down kernels, the
+    gate left out): the $\min(d, d_\mathrm{ff})$ eigenvalues of the $d 	imes d$ matrix
+    $D_w^{1/2} W_1 D_{w_z} W_2 D_w^{1/2}$ that can be nonzero ($w$ the feature weights,
+    $w_z$ the hidden weights; `None`: all 1, the plain $W_1 W_2$), complex, by decreasing
+    modulus (of a conjugate pair, the positive imaginary part first). Tong et al.'s
+    feed-forward spectrum (`qkvflow/analysis/spectral.py`, `examine_FF_spectra_info`: the
+    eigenvalues of GPT-2's `c_fc.weight @ c_proj.weight`).
+    """
+    w1 = getattr(feedforward, "w1", None)
+    if w1 is None or getattr(w1, "ndim", None) != 2:
+        raise TypeError(
+            "`feedforward` must be a discrete itde.FeedForward or GatedFeedForward (kernels "
+            f"`w1 [d, d_ff]`, `w2 [d_ff, d]`), got {type(feedforward).__name__}; for function "
+            "kernels take `op.discretise(grid)` first (or call `spectra(model)`)."
+        )
+    dtype = jnp.result_type(w1.dtype, jnp.float32)
+    d, dff = w1.shape
+    sw = _sqrt_weights(feature_weights, d, "feature_weights", dtype)
+    sz = _sqrt_weights(hidden_weights, dff, "hidden_weights", dtype)
+    return _w1w2_eigenvalues(w1.astype(dtype), feedforward.w2.astype(dtype), sw, sz)
+
+
 def _depths(eq: TransformerIDE, ts) -> np.ndarray | Array:
     if ts is None:
         if not isinstance(eq.controls, PiecewiseConstant):
@@ -240,6 +291,7 @@ def _spectra_at(eq: TransformerIDE, ts):
         ff, zw = eq.controls(t, "right", "feedforward").discretise(eq.grid)
         hs = head_spectra(att, feature_weights=fw, head_weights=hw)
         fs = feedforward_singular_values(ff, feature_weights=fw, hidden_weights=zw)
+        fs["w1w2"] = feedforward_eigenvalues(ff, feature_weights=fw, hidden_weights=zw)
         return hs, fs
 
     return jax.vmap(one)(ts)
@@ -266,7 +318,8 @@ def spectra(model, ts=None) -> Spectra:
       [`SplineControls`][itde.SplineControls]) take any depths, between layers too.
 
     **Returns:** a [`Spectra`][itde.analysis.Spectra] of arrays `[depth, head, k]` (the
-    attention's) and `[depth, k]` (the feed-forward's). One compiled computation for all
+    attention's) and `[depth, k]` (the feed-forward's: its kernels' singular values and
+    the eigenvalues of $W_1 W_2$). One compiled computation for all
     depths (`jax.vmap` over `ts`).
     """
     eq = equation_of(model)
@@ -281,5 +334,6 @@ def spectra(model, ts=None) -> Spectra:
         vo_singular_values=hs.vo_singular_values,
         w1_singular_values=fs["w1"],
         w2_singular_values=fs["w2"],
+        w1w2_eigenvalues=fs["w1w2"],
         w_gate_singular_values=fs.get("w_gate"),
     )

@@ -69,8 +69,16 @@ def cmd_analyze(args) -> int:
             f"`--set` overrides keys of a solve config (`--config FILE` or the built-in one); "
             f"a --{sources[0]} model has none: drop `--set {args.set[0]}`."
         )
+    if args.exponent != "exact" and args.no_lyapunov:
+        raise ValueError(
+            f"`--exponent {args.exponent}` chooses the token exponents, which --no-lyapunov "
+            "skips; drop one of the two."
+        )
     if args.text is not None and args.hf is None:
         raise ValueError("`--text` gives the inputs of a --hf model; add `--hf DIR` or drop it.")
+    from ..analysis._token_exponents import as_token_exponent
+
+    exponent = as_token_exponent(args.exponent, "--exponent")
     out = check_output_dir(args.out if args.out is not None else DEFAULT_OUT, "--out")
     jax.config.update("jax_enable_x64", True)  # sensitivities and small eigenvalues: float64
     if args.checkpoint is not None:
@@ -99,7 +107,8 @@ def cmd_analyze(args) -> int:
     from ..analysis._report import analyze, plot_report
 
     report = analyze(model, u0, mask, depths=args.depths, tol=args.tol,
-                     lyapunov=not args.no_lyapunov, **fixed)  # fmt: skip
+                     lyapunov=not args.no_lyapunov, token_exponent=exponent,
+                     **fixed)  # fmt: skip
     report["source"] = {"path": str(source), "model": name, "scheme": scheme, "dt": dt}
     print(f"itde analyze ({source}): {name}; depth integrator {scheme}, dt={dt:g}; "
           f"{report['inputs']} inputs of {report['tokens']} tokens")  # fmt: skip
@@ -147,8 +156,8 @@ def format_report(report: dict) -> str:
         tok = np.asarray([v for v in lyap["token_exponents"] if v is not None], dtype=float)
         lines.append(
             f"whole depth [{w['interval'][0]:g}, {w['interval'][1]:g}]: leading exponent "
-            f"{_fmt(w['leading_exponent'], '.4f')}; token exponents (first input, towards "
-            f"{lyap['token_target']}) mean "
+            f"{_fmt(w['leading_exponent'], '.4f')}; token exponents ({lyap['token_exponent']}, "
+            f"first input, towards {lyap['token_target']}) mean "
             f"{tok.mean():.4f}, min {tok.min():.4f}, max {tok.max():.4f}"
         )
     return "\n".join(lines)
@@ -165,7 +174,8 @@ def add_analyze(sub) -> None:
             "mean and minimum cosine, clusters, attention entropy per head, the constraint\n"
             "residuals), the spectra of the attention's W^Q W^K^T and W^V W^O per head and\n"
             "of the feed-forward, and the leading finite-time Lyapunov exponent of the flow\n"
-            "over each interval and the whole depth, with every token's exponent. In\n"
+            "over each interval and the whole depth, with every token's exponent (the exact\n"
+            "one, or Tong et al.'s with --exponent tong). In\n"
             "float64. The model: --checkpoint DIR (a training run, on its held-out inputs),\n"
             "--hf DIR (a Hugging Face model directory, read offline; the network itself, not\n"
             "its continuum form) or --config FILE (a random model of a solve config;\n"
@@ -197,6 +207,11 @@ def add_analyze(sub) -> None:
                    "model's own; one step per layer for a network)")  # fmt: skip
     p.add_argument("--tol", type=float, default=1e-3, metavar="TOL", help="the cluster "
                    "tolerance: tokens closer than this in 1 - cosine share a cluster "
+                   "(default %(default)s)")  # fmt: skip
+    p.add_argument("--exponent", default="exact", metavar="NAME", help="the definition of "
+                   "the token exponents, a name of itde.analysis.TOKEN_EXPONENTS: 'exact' (the "
+                   "blocks of the flow's Jacobian) or 'tong' (Tong et al.'s QR iteration over "
+                   "I + dt J of each layer's vector field, the identity on every block) "
                    "(default %(default)s)")  # fmt: skip
     p.add_argument("--no-lyapunov", action="store_true", help="skip the Lyapunov exponents "
                    "(the costly part: one power iteration per interval)")  # fmt: skip
