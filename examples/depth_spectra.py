@@ -32,8 +32,9 @@ $\rho \approx a + b\,t$ (depth normalised to $[0, 1]$: $b$ is the fitted change 
 whole depth). The verdict is the sign of $b$ (criterion printed); the untrained
 initialisation of the same model is the control.
 
-The token-level exponents (`itde.analysis.token_lyapunov_exponents`, Tong et al.'s
-definition: the output token $j$ against every input token $i$,
+The token-level exponents (`itde.analysis.token_lyapunov_exponents`, the exact
+definition, not Tong et al.'s product of per-layer I + dt J steps (`method="tong"`, see
+the analysis API page): the output token $j$ against every input token $i$,
 $\lambda_i = \log \sigma_1(\partial u_j(T) / \partial u_i(0)) / T$, computed exactly from
 the solved flow): for the language model $j$ is the last token (the one that predicts
 the next character), on 16 held-out windows; for MiniLM $j$ is `[CLS]` (position 0) on 6
@@ -160,8 +161,8 @@ def _exponents(flow, u0s, masks, target: int):
 
 
 def token_exponents(flow: FlowMap, u0s, masks, target: int) -> np.ndarray:
-    """Tong et al.'s token exponents of every real token, `[sequences, tokens]` (NaN on
-    padding)."""
+    """The exact token exponents (the flow Jacobian's, not Tong et al.'s) of every real
+    token, `[sequences, tokens]` (NaN on padding)."""
     return np.asarray(_exponents(flow, u0s, jnp.asarray(masks, bool), target))
 
 
