@@ -17,6 +17,6 @@ names the pin when they fail. Import them from here only.
 
 from diffrax._term import AdjointTerm, WrapTerm
 
-KNOWN_DIFFRAX = ">=0.7.0,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
+KNOWN_DIFFRAX = ">=0.7.2,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
 
 __all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm"]
