@@ -310,7 +310,7 @@ def test_interrupted_sample_keeps_what_was_printed(charlm, capsys, monkeypatch):
     assert main(["sample", "--checkpoint", str(out), "--prompt", "the "]) == 130
     captured = capsys.readouterr()
     assert captured.out.startswith("the abcdef")
-    assert "interrupted after 6 characters" in captured.err
+    assert captured.err.strip() == "itde sample: error: interrupted after 6 characters"
 
 
 # ------------------------------------------------------------------ bfloat16

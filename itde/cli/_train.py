@@ -190,7 +190,7 @@ def cmd_sample(args) -> int:
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        print(f"itde sample: interrupted after {written} characters", file=sys.stderr)
+        print(f"itde sample: error: interrupted after {written} characters", file=sys.stderr)
         return 130
     sys.stdout.write("\n")
     return 0
