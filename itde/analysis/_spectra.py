@@ -208,6 +208,20 @@ def feedforward_singular_values(
     $D_w^{1/2} W_\mathrm{gate} D_{w_z}^{1/2}$, with $w$ the feature weights and $w_z$ the
     hidden weights (`None`: all 1).
     """
+    w1, dtype, sw, sz = _feedforward_kernel(feedforward, feature_weights, hidden_weights)
+    out = {
+        "w1": _singular_values(w1.astype(dtype), sw, sz),
+        "w2": _singular_values(feedforward.w2.astype(dtype), sz, sw),
+    }
+    gate = getattr(feedforward, "w_gate", None)
+    if gate is not None:
+        out["w_gate"] = _singular_values(gate.astype(dtype), sw, sz)
+    return out
+
+
+def _feedforward_kernel(feedforward, feature_weights, hidden_weights):
+    """A discrete feed-forward's `w1`, the dtype of its spectra and the square roots of
+    its feature and hidden weights (a function kernel is refused by name)."""
     w1 = getattr(feedforward, "w1", None)
     if w1 is None or getattr(w1, "ndim", None) != 2:
         raise TypeError(
@@ -219,14 +233,7 @@ def feedforward_singular_values(
     d, dff = w1.shape
     sw = _sqrt_weights(feature_weights, d, "feature_weights", dtype)
     sz = _sqrt_weights(hidden_weights, dff, "hidden_weights", dtype)
-    out = {
-        "w1": _singular_values(w1.astype(dtype), sw, sz),
-        "w2": _singular_values(feedforward.w2.astype(dtype), sz, sw),
-    }
-    gate = getattr(feedforward, "w_gate", None)
-    if gate is not None:
-        out["w_gate"] = _singular_values(gate.astype(dtype), sw, sz)
-    return out
+    return w1, dtype, sw, sz
 
 
 @jax.jit
@@ -246,24 +253,14 @@ def feedforward_eigenvalues(
 
     $W_1$ `[d, d_ff]` and $W_2$ `[d_ff, d]` (a [`FeedForward`][itde.FeedForward]'s
     `w1`, `w2`; a [`GatedFeedForward`][itde.GatedFeedForward]'s up and down kernels, the
-    gate left out): the $\min(d, d_\mathrm{ff})$ eigenvalues of the $d 	imes d$ matrix
+    gate left out): the $\min(d, d_\mathrm{ff})$ eigenvalues of the $d \times d$ matrix
     $D_w^{1/2} W_1 D_{w_z} W_2 D_w^{1/2}$ that can be nonzero ($w$ the feature weights,
     $w_z$ the hidden weights; `None`: all 1, the plain $W_1 W_2$), complex, by decreasing
     modulus (of a conjugate pair, the positive imaginary part first). Tong et al.'s
     feed-forward spectrum (`qkvflow/analysis/spectral.py`, `examine_FF_spectra_info`: the
     eigenvalues of GPT-2's `c_fc.weight @ c_proj.weight`).
     """
-    w1 = getattr(feedforward, "w1", None)
-    if w1 is None or getattr(w1, "ndim", None) != 2:
-        raise TypeError(
-            "`feedforward` must be a discrete itde.FeedForward or GatedFeedForward (kernels "
-            f"`w1 [d, d_ff]`, `w2 [d_ff, d]`), got {type(feedforward).__name__}; for function "
-            "kernels take `op.discretise(grid)` first (or call `spectra(model)`)."
-        )
-    dtype = jnp.result_type(w1.dtype, jnp.float32)
-    d, dff = w1.shape
-    sw = _sqrt_weights(feature_weights, d, "feature_weights", dtype)
-    sz = _sqrt_weights(hidden_weights, dff, "hidden_weights", dtype)
+    w1, dtype, sw, sz = _feedforward_kernel(feedforward, feature_weights, hidden_weights)
     return _w1w2_eigenvalues(w1.astype(dtype), feedforward.w2.astype(dtype), sw, sz)
 
 
