@@ -22,6 +22,7 @@ from itde.analysis import (
     TongExponent,
     analyze,
     feedforward_eigenvalues,
+    feedforward_singular_values,
     spectra,
     token_lyapunov_exponents,
 )
@@ -275,3 +276,12 @@ def test_cli_analyze_with_tongs_exponent(tmp_path, capsys):
 def test_cli_analyze_refuses_bad_exponents(tmp_path, capsys, argv, said):
     assert main(["analyze", "--out", str(tmp_path / "x"), *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("function", [feedforward_singular_values, feedforward_eigenvalues])
+def test_feedforward_spectra_refuse_a_function_kernel_by_name(function):
+    """Both spectra of a feed-forward read discrete kernels `w1 [d, d_ff]`, `w2 [d_ff, d]`;
+    anything else is named with the fix, not an AttributeError inside the product."""
+    message = r"`feedforward` must be a discrete .*got object.*discretise"
+    with pytest.raises(TypeError, match=message):
+        function(object())
