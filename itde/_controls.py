@@ -202,6 +202,13 @@ def _part(block: AbstractBlock, part: str | None):
 def stack(blocks: list[AbstractBlock]) -> AbstractBlock:
     """Stack per-layer controls along a new leading (depth) axis."""
     blocks = list(blocks)
+    check_stackable(blocks)
+    return _stack_leaves(blocks)
+
+
+def check_stackable(blocks: list[AbstractBlock]) -> None:
+    """Raise unless `blocks` is a non-empty list of controls with the same structure, options
+    and shapes (what `stack` stacks)."""
     if not blocks:
         raise ValueError("`stack(blocks)` needs at least one block (layer or mode), got none.")
     for n, b in enumerate(blocks[1:], start=1):
@@ -212,7 +219,6 @@ def stack(blocks: list[AbstractBlock]) -> AbstractBlock:
                 "needs the same widths (n_features, n_heads, n_hidden), options (activation, "
                 "eps) and the same biases to be stacked into per-layer controls."
             )
-    return _stack_leaves(blocks)
 
 
 def _first_difference(a, b, path: str = "") -> str | None:

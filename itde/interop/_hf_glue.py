@@ -6,18 +6,18 @@ Every function here is exact (a reshape or transpose); no family logic lives her
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
 
-from .._controls import Block, PiecewiseConstant, stack
+from .._controls import Block, PiecewiseConstant, check_stackable
 from .._equation import TransformerIDE
 from .._operators._attention import Attention
 from .._operators._feedforward import FeedForward, GatedFeedForward
 from .._operators._layernorm import LayerNormProjection
 from .._operators._rmsnorm import RMSNormProjection
 from .._quadrature._rules import Grid
-from ._torch import _np, _torch
+from ._torch import _jax, _np, _torch
 
 # Hugging Face activation names (`config.hidden_act`, `activation_function`, `activation`)
 # and the `itde.ACTIVATIONS` entry computing the same function.
@@ -33,9 +33,12 @@ HF_ACTIVATIONS = {
 
 
 # ------------------------------------------------------------------------ reading
+# The per-layer readers below return NumPy views of the torch weights (a transpose or a
+# reshape copies nothing); `equation` copies each parameter once, into its stacked JAX
+# array, so converting a model holds about one copy of it besides the model itself.
 def a(t):
-    """A torch tensor (or None) as a JAX array of the same dtype."""
-    return None if t is None else jnp.asarray(np.ascontiguousarray(_np(t)))
+    """A torch tensor (or None) as a JAX array of the same dtype (one copy)."""
+    return None if t is None else _jax(_np(t))
 
 
 def lin(layer) -> np.ndarray:
@@ -43,20 +46,25 @@ def lin(layer) -> np.ndarray:
     return _np(layer.weight).T
 
 
-def heads_in(w: np.ndarray, heads: int) -> Array:
-    """`[features, heads * head_dim]` -> `[heads, features, head_dim]`."""
+def heads_in(w: np.ndarray, heads: int) -> np.ndarray:
+    """`[features, heads * head_dim]` -> `[heads, features, head_dim]` (a view)."""
     d = w.shape[0]
-    return jnp.asarray(np.ascontiguousarray(w.reshape(d, heads, -1).transpose(1, 0, 2)))
+    return w.reshape(d, heads, -1).transpose(1, 0, 2)
 
 
 def heads_bias(b, heads: int):
-    return None if b is None else jnp.asarray(np.asarray(_np(b) if not isinstance(
-        b, np.ndarray) else b).reshape(heads, -1))  # fmt: skip
+    return None if b is None else np.asarray(_np(b) if not isinstance(
+        b, np.ndarray) else b).reshape(heads, -1)  # fmt: skip
 
 
-def heads_out(w: np.ndarray, heads: int) -> Array:
-    """`[heads * value_dim, features]` -> `[heads, value_dim, features]`."""
-    return jnp.asarray(np.ascontiguousarray(w.reshape(heads, -1, w.shape[-1])))
+def heads_out(w: np.ndarray, heads: int) -> np.ndarray:
+    """`[heads * value_dim, features]` -> `[heads, value_dim, features]` (a view)."""
+    return w.reshape(heads, -1, w.shape[-1])
+
+
+def _scaled(w, scale: float):
+    # multiplying by 1 would only copy the weight (the product is the weight exactly)
+    return w if scale == 1.0 else w * np.asarray(scale, w.dtype)
 
 
 def attention(q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0) -> Attention:
@@ -66,11 +74,11 @@ def attention(q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0) 
     hkv = h if hkv is None else hkv
     bq = heads_bias(q.bias, h)
     return Attention(
-        wq=heads_in(lin(q) * q_scale, h),
+        wq=heads_in(_scaled(lin(q), q_scale), h),
         wk=heads_in(lin(k), hkv),
         wv=heads_in(lin(v), hkv),
         wo=heads_out(lin(o), h),
-        bq=None if bq is None else bq * q_scale,
+        bq=None if bq is None else _scaled(bq, q_scale),
         bk=heads_bias(k.bias, hkv),
         bv=heads_bias(v.bias, hkv),
         bo=a(o.bias),
@@ -98,32 +106,33 @@ def rms_norm(norm, gain_offset: float = 0.0) -> RMSNormProjection:
 
 def feedforward(lin1, lin2, activation: str) -> FeedForward:
     return FeedForward(
-        w1=jnp.asarray(np.ascontiguousarray(lin(lin1))),
-        w2=jnp.asarray(np.ascontiguousarray(lin(lin2))),
-        b1=a(lin1.bias),
-        b2=a(lin2.bias),
+        w1=lin(lin1),
+        w2=lin(lin2),
+        b1=_np(lin1.bias),
+        b2=_np(lin2.bias),
         activation=activation,
     )
 
 
 def gated_feedforward(gate, up, down, activation: str) -> GatedFeedForward:
     return GatedFeedForward(
-        w_gate=jnp.asarray(np.ascontiguousarray(lin(gate))),
-        w1=jnp.asarray(np.ascontiguousarray(lin(up))),
-        w2=jnp.asarray(np.ascontiguousarray(lin(down))),
-        b_gate=a(gate.bias),
-        b1=a(up.bias),
-        b2=a(down.bias),
+        w_gate=lin(gate),
+        w1=lin(up),
+        w2=lin(down),
+        b_gate=_np(gate.bias),
+        b1=_np(up.bias),
+        b2=_np(down.bias),
         activation=activation,
     )
 
 
 def equation(blocks, *, causal, block, final_norm=None, rope=None, **fields) -> TransformerIDE:
     """The per-layer equation of a converted model (unit grid: $\\Delta t = 1$ is the
-    network)."""
+    network). The layers' parameters are stacked on the host, one parameter at a time, and
+    each copied once into JAX: the per-layer arrays may be views of the torch weights."""
     d = blocks[0].attention.n_features
     return TransformerIDE(
-        PiecewiseConstant(stack(blocks)),
+        PiecewiseConstant(stack_host(blocks)),
         Grid.unit(d),
         causal=causal,
         final_norm=final_norm,
@@ -131,6 +140,15 @@ def equation(blocks, *, causal, block, final_norm=None, rope=None, **fields) -> 
         rope=rope,
         **fields,
     )
+
+
+def stack_host(blocks: list[Block]) -> Block:
+    """`itde.stack(blocks)` computed in NumPy, leaf by leaf: each parameter's layers are
+    copied into one host array, then into JAX once, and the host array freed before the
+    next parameter (the transient is one stacked parameter, not a second model)."""
+    blocks = list(blocks)
+    check_stackable(blocks)
+    return jax.tree.map(lambda *xs: _jax(np.stack([np.asarray(x) for x in xs])), *blocks)
 
 
 def activation(field: str, value) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -29,14 +30,29 @@ def _torch():
 
 
 def _np(t) -> np.ndarray | None:
-    """A torch tensor as a NumPy array of the same dtype (bfloat16 via ml_dtypes)."""
+    """A torch tensor as a NumPy array of the same dtype (bfloat16 via ml_dtypes), sharing
+    the tensor's memory where it is on the CPU (no copy: conversion reads the weights
+    in place, and copies each only once, into its JAX array)."""
     if t is None:
         return None
     torch = _torch()
     t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: go through float32, exactly
-        return t.float().numpy().astype(jnp.bfloat16)
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: the same bits as ml_dtypes'
+        return t.view(torch.int16).numpy().view(jnp.bfloat16)
     return t.numpy()
+
+
+def _jax(x) -> jax.Array:
+    """A host array (NumPy, any strides) as a JAX array of the same dtype, holding one copy.
+
+    `jnp.asarray` of a NumPy array holds two copies of it at its peak on the CPU backend;
+    DLPack hands JAX one contiguous buffer to copy once. NumPy gives no DLPack capsule for
+    ml_dtypes' bfloat16, so its bits go through torch's bfloat16 (a view, not a copy)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype == jnp.bfloat16:
+        torch = _torch()
+        x = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    return jnp.from_dlpack(x, copy=True)  # never an alias of the torch weights
 
 
 def check_x64(module, what: str) -> None:
