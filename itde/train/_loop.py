@@ -66,6 +66,7 @@ from .._io import check_output_location
 from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
+from . import _formats as formats
 from . import _sharding as shd
 from ._budget import check_fits
 from ._config import (
@@ -447,9 +448,9 @@ class Run:
         if meta is None:
             meta = dist.on_main(lambda: ckpt.read_meta(directory), errors=_ERRORS)
         self.check_meta(meta, directory)
-        raw = dist.on_main(lambda: ckpt.read_leaves(directory, meta), errors=_ERRORS)
-        (model, opt_state), meta = ckpt.load(directory, template, meta, raw=raw)
-        return *self.place_state(model, opt_state), meta
+        reader = formats.READERS[meta["format"]]  # read_meta accepts no other number
+        (model, opt_state), meta = reader.load(directory, template, meta, self.mesh)
+        return model, opt_state, meta
 
 
 def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=None):
@@ -481,8 +482,9 @@ def _refuse_existing(out: Path) -> None:
         )
 
 
-def _save(out: Path, step: int, state, meta: dict) -> None:
-    ckpt.save(out, step, state, meta)
+def _save(run, out: Path, step: int, state, meta: dict) -> None:
+    """A collective: every process calls it (`itde.train._formats`)."""
+    formats.writer(run.cfg.run.checkpoint_format, run.mesh).save(out, step, state, meta)
 
 
 def restart_clock(bar) -> None:
@@ -734,10 +736,7 @@ def train(
             if done % r.checkpoint_every == 0 or done == total:
                 m = run.meta()
                 m["wall_s"] = wall0 + time.perf_counter() - t_start
-                # every process gathers the (sharded) state; process 0 writes it, and the
-                # broadcast of its outcome is the barrier after the save
-                host = shd.to_host((model, opt_state))
-                dist.on_main(lambda: _save(out, done, host, m), errors=_ERRORS)
+                _save(run, out, done, (model, opt_state), m)  # every process; a barrier
                 saved = True
             bar.update(1)
             if s == start:
