@@ -85,14 +85,15 @@ def _print_eval(row: dict) -> None:
 def _restore(directory):
     """The run, model and sidecar of a checkpoint, for evaluation and sampling:
     `itde.train.load`, naming --checkpoint in errors (the task is rebuilt from the
-    checkpoint, no data file is read); the run's mesh has every device, with the
-    parameters replicated (`fsdp` 1)."""
+    checkpoint, no data file is read); the run's mesh has as many devices as divide the
+    batch size, with the parameters replicated (`fsdp` 1) on them, where the held-out
+    batches are split (the model and the batches on the same devices)."""
     from ..train import TASKS, Run
-    from ..train._load import read_run
+    from ..train._load import batch_devices, read_run
 
-    model, cfg, meta = read_run(directory, "--checkpoint")
+    model, cfg, meta = read_run(directory, "--checkpoint", spread=True)
     task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
-    return Run(cfg, task=task, fsdp=1), model, meta
+    return Run(cfg, devices=batch_devices(cfg), task=task, fsdp=1), model, meta
 
 
 def cmd_eval(args) -> int:
