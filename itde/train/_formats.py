@@ -1,10 +1,10 @@
 """The checkpoint formats of a run (`[run] checkpoint_format`), and the reader of each
 sidecar `format` number.
 
-- `"file"` (format 2, [`itde.train._checkpoint`][]): the state gathered whole on every
+- `"file"` (format 2, `itde.train._checkpoint`): the state gathered whole on every
   process and written by process 0 into one file; only process 0 needs to see the output
   directory.
-- `"shards"` (format 3, [`itde.train._shards`][]): each process writes the shards its
+- `"shards"` (format 3, `itde.train._shards`): each process writes the shards its
   devices hold (Orbax); nothing is gathered, and every process must see the directory.
 - `"auto"` (the default): `"shards"` where the run is sharded (`parallel.fsdp` > 1 or
   several processes), `"file"` on one process with replicated parameters.

@@ -25,7 +25,8 @@ def load(directory, path=None):
     the state file's size and SHA-256, every array's shape and dtype against the model
     the stored config builds); the task is rebuilt from the checkpoint, so no data file
     is read. The model is placed on one (local) device, whole, whatever `[parallel] fsdp` the
-    run trained with (its checkpoint holds whole arrays).
+    run trained with and whichever format it wrote (one file, or the shards of every
+    process of a sharded run: each array is assembled from its shards).
 
     **Arguments:**
 

@@ -34,7 +34,10 @@ own shards on its devices. Only process 0 reads or writes the output directory (
 checkpoint, metrics, plot): on `--resume` it checks the checkpoint and broadcasts the
 sidecar and the state file to the other processes, and an error it finds stops every
 process with the same message; after each save every process waits for process 0's
-outcome, so none runs ahead of a checkpoint that failed.
+outcome, so none runs ahead of a checkpoint that failed. The exception is the sharded
+checkpoint (`[run] checkpoint_format`, `itde.train._formats`; the default of a run of
+several processes or `fsdp > 1`): each process writes and reads its own shards, in a
+directory every process must see.
 
 **Reproducibility.** Initialisation, the training batches and the held-out data are pure
 functions of `optim.seed` (`fold_in(key(seed), 0 | 1 | 2)`; batch $s$ from
@@ -442,8 +445,10 @@ class Run:
         """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh in
         the run's layout ([`place_state`][itde.train.Run.place_state]).
 
-        Only process 0 reads the directory; the sidecar and the checked leaves file
-        reach the other processes by broadcast, and so does any error it finds."""
+        Only process 0 reads the sidecar and a single-file (format 2) checkpoint: they
+        reach the other processes by broadcast, and so does any error it finds. A sharded
+        (format 3) checkpoint is read by every process, each the pieces its devices hold
+        on this run's mesh, which may differ from the writer's."""
         template = self.init_state()
         if meta is None:
             meta = dist.on_main(lambda: ckpt.read_meta(directory), errors=_ERRORS)

@@ -1,6 +1,6 @@
 """Checkpoints that scale out (format 3): every process writes its own shards with Orbax.
 
-The single-file format ([`itde.train._checkpoint`][], format 2) gathers the whole state on
+The single-file format (`itde.train._checkpoint`, format 2) gathers the whole state on
 every process and lets process 0 write it: at the sizes where a run must be sharded that
 gather is the step that does not fit. This format writes the state as it lies on the mesh:
 
