@@ -93,7 +93,7 @@ def _checkpointer():
         import orbax.checkpoint as ocp
     except ImportError:  # pragma: no cover - the `scale` extra is not installed
         raise ImportError(
-            "a sharded checkpoint (`[run] checkpoint_format` \"shards\", the default of a run "
+            'a sharded checkpoint (`[run] checkpoint_format` "shards", the default of a run '
             "with `parallel.fsdp` > 1 or several processes) needs orbax-checkpoint: "
             "`pip install 'itde[scale]'`, or set `run.checkpoint_format = \"file\"` (the "
             "whole state gathered into one file by process 0)"
@@ -227,4 +227,3 @@ def load(directory: str | Path, template, meta: dict, mesh):
     restored = iter([got[_key(i)] for i in range(len(arrays))])
     state = jax.tree.map(lambda x: next(restored) if eqx.is_array(x) else x, template)
     return state, meta
-
