@@ -35,7 +35,11 @@ class File:
         # every process gathers the (sharded) state; process 0 writes it, and the
         # broadcast of its outcome is the barrier after the save
         host = shd.to_host(state)
-        dist.on_main(lambda: ckpt.save(out, step, host, meta), errors=_ERRORS)
+
+        def write() -> None:  # None: on_main broadcasts the result (a Path is not JSON)
+            ckpt.save(out, step, host, meta)
+
+        dist.on_main(write, errors=_ERRORS)
 
     @staticmethod
     def load(directory, template, meta, mesh):
