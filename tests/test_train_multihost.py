@@ -7,6 +7,9 @@ still not exist at the end.
 - Default run (no training): process 0 writes a checkpoint that only it can see; both
   processes restore it and process 1's copy equals process 0's bit for bit; a damaged
   checkpoint and a directory without one stop both processes with process 0's message.
+- `-m slow`: each process writes its own shards of a sharded state (format 3) into one
+  shared directory, and both read it back on two layouts; a file of process 1's damaged
+  stops both with one message.
 - `-m slow`: a two-process run stops after step 3 (its last checkpoint is step 2), both
   processes are SIGKILLed, and two fresh processes resume it to the end: the final
   parameters and optimiser state of both equal, bit for bit, those of one process
@@ -73,6 +76,35 @@ WORKER = textwrap.dedent(
     cfg = from_dict(TrainExperiment, a["config"]) if a["config"] else None
     from itde.train._sharding import to_host  # whole arrays (a collective if sharded)
     leaves = lambda tree: jax.tree.leaves(to_host(eqx.filter(tree, eqx.is_array)))
+    if a["mode"] == "shards":  # no training: both write their shards to one directory
+        from jax.experimental.multihost_utils import sync_global_devices
+        from itde.train import Run
+        from itde.train._loop import _save
+        run = Run(cfg)
+        model, opt = run.init_state()
+        model = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)
+        if jax.process_index() == 0:
+            np.savez(a["result"] + "-written.npz", *leaves((model, opt)))
+        _save(run, a["out"], 7, run.place_state(model, opt), run.meta())
+        stamp("wrote")
+        for name, fsdp in (("sharded", None), ("replicated", 1)):  # and on another layout
+            m, o, meta = Run(cfg, fsdp=fsdp).restore(a["out"])
+            np.savez(a["result"] + f"-{name}.npz", *leaves((m, o)))
+            print(f"RESTORED {name} {meta['step']}", flush=True)
+        sync_global_devices("before the damage")
+        if jax.process_index() == 0:  # damage a file that process 1 wrote
+            files = [p for p in json.load(open(os.path.join(a["out"], "checkpoint.json")))["files"]
+                     if p.startswith("ocdbt.process_1/")]
+            path = os.path.join(a["out"], "state-00000007", max(files))
+            raw = bytearray(open(path, "rb").read())
+            raw[len(raw) // 2] ^= 0xFF
+            open(path, "wb").write(bytes(raw))
+        sync_global_devices("after the damage")
+        try:
+            run.restore(a["out"])
+        except Exception as e:
+            print("ERROR damaged " + json.dumps([type(e).__name__, str(e)]), flush=True)
+        sys.exit(0)
     if a["mode"] == "restore":  # no training: process 0 writes, both restore
         from itde.train import Run, save_checkpoint
         run = Run(cfg)
@@ -239,7 +271,9 @@ def test_two_processes_killed_and_resumed_equal_one_process(tmp_path, fsdp):
     """With `fsdp = 2` every large parameter is split across the two processes: the
     checkpoint is gathered from both and restored into the split layout."""
     outs = [tmp_path / "out0", tmp_path / "nowhere" / "out1"]  # process 1's never exists
-    config = {**CONFIG, "parallel": {"fsdp": fsdp}}
+    # the single file: only process 0 sees the directory (the shards need a shared one)
+    config = {**CONFIG, "parallel": {"fsdp": fsdp},
+              "run": {**CONFIG["run"], "checkpoint_format": "file"}}  # fmt: skip
     if fsdp > 1:  # arrays of MIN_SHARD_SIZE elements and more, so that some are split
         config["model"] = {**CONFIG["model"], "n_features": 32, "n_hidden": 64}
     base = dict(mode="train", config=config, resume=None, stop_at=None, hang=False)
@@ -308,3 +342,37 @@ def test_process_0_reads_and_broadcasts_the_checkpoint_and_its_errors(tmp_path):
         kind, message = errors[0]
         assert kind == "CheckpointError" and words in message, message
         assert str(outs[0]) in message
+
+
+@pytest.mark.slow
+def test_each_process_writes_its_shards_and_both_read_them_on_any_layout(tmp_path):
+    """The sharded format (`itde.train._shards`) on two processes sharing one directory:
+    each writes the shards of its device (`ocdbt.process_<i>/`), both restore the state bit
+    for bit split over both (fsdp = 2) and replicated (fsdp = 1), and a damaged file that
+    process 1 wrote stops both processes with the same message."""
+    shared = tmp_path / "shared"
+    config = {**CONFIG, "parallel": {"fsdp": 2},  # arrays large enough to be split
+              "model": {**CONFIG["model"], "n_features": 32, "n_hidden": 64}}  # fmt: skip
+
+    def args(i, out):
+        return {"mode": "shards", "config": config, "out": str(out),
+                "result": str(tmp_path / f"p{i}")}  # fmt: skip
+
+    procs, logs = _pair(tmp_path, "shards", [shared, shared], args)
+    codes = _wait(procs, logs)
+    assert codes == [0, 0], f"{codes}\n{_tail(logs)}"
+    sidecar = json.loads((shared / "checkpoint.json").read_text())
+    assert sidecar["format"] == 3 and sidecar["processes"] == 2
+    for i in range(2):
+        assert any(f.startswith(f"ocdbt.process_{i}/") for f in sidecar["files"]), sidecar
+    written = _state(tmp_path / "p0-written.npz")
+    assert len(written) > 10
+    for i in range(2):
+        for name in ("sharded", "replicated"):
+            assert f"RESTORED {name} 7" in logs[i].read_text(), _tail(logs)
+            _assert_bitwise(written, _state(tmp_path / f"p{i}-{name}.npz"))
+    errors = [_error(log, "damaged") for log in logs]
+    assert errors[0] == errors[1], errors
+    kind, message = errors[0]
+    assert kind == "CheckpointError" and "is corrupted" in message, message
+    assert "ocdbt.process_1/" in message and str(shared) in message

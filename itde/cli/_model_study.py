@@ -93,7 +93,7 @@ def _checkpoint_problem(directory: str, n: int):
 
     from ._train import _restore
 
-    run, model, meta = _restore(directory)
+    run, model, meta = _restore(directory, spread=True)  # with the held-out batches
     model = jax.tree_util.tree_map(
         lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, model
     )

@@ -82,17 +82,20 @@ def _print_eval(row: dict) -> None:
     print(f"step {row['step']}: {json.dumps(shown)} ({row['wall_s']:.1f} s)", flush=True)
 
 
-def _restore(directory):
+def _restore(directory, spread: bool = False):
     """The run, model and sidecar of a checkpoint, for evaluation and sampling:
     `itde.train.load`, naming --checkpoint in errors (the task is rebuilt from the
-    checkpoint, no data file is read); the run's mesh has every device, with the
-    parameters replicated (`fsdp` 1)."""
+    checkpoint, no data file is read), with the parameters replicated (`fsdp` 1). The model
+    is on one device (sampling); `spread=True` (evaluation): on the devices of the run's
+    mesh, the most whose number divides the batch size, where the held-out batches are
+    split (the model and the batches on the same devices)."""
     from ..train import TASKS, Run
-    from ..train._load import read_run
+    from ..train._load import batch_devices, read_run
 
-    model, cfg, meta = read_run(directory, "--checkpoint")
+    model, cfg, meta = read_run(directory, "--checkpoint", spread=spread)
     task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
-    return Run(cfg, task=task, fsdp=1), model, meta
+    devices = batch_devices(cfg) if spread else None
+    return Run(cfg, devices=devices, task=task, fsdp=1), model, meta
 
 
 def cmd_eval(args) -> int:
@@ -106,7 +109,7 @@ def cmd_eval(args) -> int:
             f"`--size`={args.size} must be a positive number of held-out examples (default: "
             "the checkpoint's [task] eval_size)"
         )
-    run, model, meta = _restore(args.checkpoint)
+    run, model, meta = _restore(args.checkpoint, spread=True)
     trained = model
     model = with_depth(model, args.solver, args.dt, name="--dt")
     if not run.cfg.model.continuous and model.dt != trained.dt:

@@ -14,8 +14,10 @@ Both files are written atomically: to a temporary file in the same directory, fl
 `fsync`ed, then `os.replace`d over the final name (and the directory `fsync`ed). The leaves
 file goes first and the sidecar, which names it, last: the sidecar is the commit point,
 so a crash at any moment leaves the previous checkpoint or the new one, never a mix.
-Reading checks everything and raises [`CheckpointError`][] with the reason — a missing,
-truncated, corrupted or mismatched checkpoint is never silently replaced by a fresh start.
+A sharded run writes format 3 instead, each process its own shards
+(`itde.train._shards`), under the same sidecar. Reading checks everything and raises
+[`CheckpointError`][] with the reason — a missing, truncated, corrupted or mismatched
+checkpoint is never silently replaced by a fresh start.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import hashlib
 import importlib.metadata
 import json
 import platform
+import shutil
 from pathlib import Path
 
 import equinox as eqx
@@ -35,6 +38,7 @@ from .._io import atomic_write
 
 SIDECAR = "checkpoint.json"
 FORMAT = 2  # 2: the state file begins with its own step (format 1 did not record it)
+SHARDED = 3  # per-process shards in a state directory: `itde.train._shards`
 
 
 class CheckpointError(ValueError):
@@ -116,10 +120,10 @@ def save(directory: str | Path, step: int, state, meta: dict) -> Path:
     )
     text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
     atomic_write(directory / SIDECAR, lambda f: f.write(text))
-    for old in directory.glob("state-*.eqx"):
+    for old in directory.glob("state-*"):  # a sharded (format-3) state is a directory
         if old.name != name:
             with contextlib.suppress(OSError):
-                old.unlink()
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
     return directory / SIDECAR
 
 
@@ -155,12 +159,19 @@ def read_meta(directory: str | Path) -> dict:
             f"version reads format {FORMAT} (the state file records its own step). Evaluate or "
             "resume it with the itde that wrote it, or train again"
         )
-    missing = [k for k in ("format", "step", "leaves", "bytes", "sha256", "config", "shapes")
-               if k not in meta]  # fmt: skip
-    if missing or meta.get("format") != FORMAT:
+    if isinstance(meta.get("format"), int) and meta["format"] > SHARDED:
         raise CheckpointError(
-            f"{str(path)!r} is not a format-{FORMAT} itde checkpoint sidecar "
-            f"(missing {missing}, format {meta.get('format')!r})"
+            f"{str(path)!r} is a format-{meta['format']} checkpoint of a later itde; this "
+            f"version reads formats {FORMAT} (one file) and {SHARDED} (per-process shards). "
+            "Upgrade itde to resume or evaluate it"
+        )
+    fields = ("format", "step", "leaves", "bytes", "sha256", "config", "shapes")
+    fields += ("files",) if meta.get("format") == SHARDED else ()
+    missing = [k for k in fields if k not in meta]
+    if missing or meta.get("format") not in (FORMAT, SHARDED):
+        raise CheckpointError(
+            f"{str(path)!r} is not a format-{FORMAT} or format-{SHARDED} itde checkpoint "
+            f"sidecar (missing {missing}, format {meta.get('format')!r})"
         )
     digest = meta.get("config_sha256")
     if digest is not None and digest != config_digest(meta["config"]):
@@ -196,6 +207,20 @@ def read_leaves(directory: str | Path, meta: dict) -> bytes:
     return raw
 
 
+def check_shapes(directory: Path, template, meta: dict) -> None:
+    """Raise unless the sidecar's array shapes and dtypes are those of `template`."""
+    want = shapes(template)
+    got = meta["shapes"]
+    if want != got:
+        bad = [k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
+        k = bad[0]
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} holds parameters of another model: {len(bad)} "
+            f"leaves differ, e.g. {k}: {got.get(k)} in the checkpoint, {want.get(k)} for this "
+            "config. Resume with the checkpoint's own config (omit --config)."
+        )
+
+
 def load(directory: str | Path, template, meta: dict | None = None, raw: bytes | None = None):
     """Read `(model, opt_state)` from a checkpoint into the structure of `template`.
 
@@ -208,6 +233,12 @@ def load(directory: str | Path, template, meta: dict | None = None, raw: bytes |
     """
     directory = Path(directory)
     meta = read_meta(directory) if meta is None else meta
+    if meta["format"] == SHARDED:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} holds per-process shards (format {SHARDED}), not "
+            "one state file; read it with `itde.train.load(directory)` or restore it with "
+            "`itde.train.Run(cfg).restore(directory)`"
+        )
     if raw is None:
         raw = read_leaves(directory, meta)
     elif hashlib.sha256(raw).hexdigest() != meta["sha256"]:
@@ -215,16 +246,7 @@ def load(directory: str | Path, template, meta: dict | None = None, raw: bytes |
             f"checkpoint {str(directory)!r}: the state received from process 0 differs from "
             "the SHA-256 its sidecar records"
         )
-    want = shapes(template)
-    got = meta["shapes"]
-    if want != got:
-        bad = [k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
-        k = bad[0]
-        raise CheckpointError(
-            f"checkpoint {str(directory)!r} holds parameters of another model: {len(bad)} "
-            f"leaves differ, e.g. {k}: {got.get(k)} in the checkpoint, {want.get(k)} for this "
-            "config. Resume with the checkpoint's own config (omit --config)."
-        )
+    check_shapes(directory, template, meta)
     import io
 
     step, state = eqx.tree_deserialise_leaves(

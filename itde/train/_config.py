@@ -41,6 +41,7 @@ __all__ = [
 #: The compute dtypes of `[run] dtype`: the name and the dtype the forward and backward
 #: passes run in (None = the parameters' own, float32).
 COMPUTE_DTYPES: dict[str, Any] = {"float32": None, "bfloat16": "bfloat16"}
+CHECKPOINT_FORMATS = ("auto", "file", "shards")  # the writers: itde.train._formats.FORMATS
 """The compute dtypes of `[run] dtype`: the name and the dtype the forward and backward passes
 run in (None = the parameters' own, float32)."""
 
@@ -389,7 +390,12 @@ class RunConfig:
     - `log_every`, `eval_every`, `checkpoint_every`: steps between two rows of
       `metrics.jsonl` (training loss, rate), two held-out evaluations, two checkpoints.
     - `out`: the run's directory (`--out` overrides it).
-    - `progress`: show a progress bar (`--no-progress` prints a line per evaluation)."""
+    - `progress`: show a progress bar (`--no-progress` prints a line per evaluation).
+    - `checkpoint_format`: `"auto"` (default: `"shards"` where the run is sharded,
+      `parallel.fsdp` > 1 or several processes, else `"file"`), `"file"` (the state
+      gathered into one file written by process 0) or `"shards"` (each process writes its
+      own shards with Orbax; every process must see the directory). Any format resumes on
+      any mesh."""
 
     log_every: int = 50
     eval_every: int = 250
@@ -397,11 +403,13 @@ class RunConfig:
     dtype: str = "float32"
     out: str = ""
     progress: bool = True
+    checkpoint_format: str = "auto"
 
     def __post_init__(self):
         for name in ("log_every", "eval_every", "checkpoint_every"):
             positive(f"run.{name}", getattr(self, name))
         choices("run.dtype", self.dtype, COMPUTE_DTYPES)
+        choices("run.checkpoint_format", self.checkpoint_format, CHECKPOINT_FORMATS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,6 +511,7 @@ RESUMABLE_KEYS = frozenset(
         "run.checkpoint_every",
         "run.out",
         "run.progress",
+        "run.checkpoint_format",
         "optim.accumulate",
         "parallel.fsdp",
     }

@@ -25,7 +25,8 @@ def load(directory, path=None):
     the state file's size and SHA-256, every array's shape and dtype against the model
     the stored config builds); the task is rebuilt from the checkpoint, so no data file
     is read. The model is placed on one (local) device, whole, whatever `[parallel] fsdp` the
-    run trained with (its checkpoint holds whole arrays).
+    run trained with and whichever format it wrote (one file, or the shards of every
+    process of a sharded run: each array is assembled from its shards).
 
     **Arguments:**
 
@@ -60,8 +61,11 @@ def load(directory, path=None):
     return read_run(directory, "`directory`")
 
 
-def read_run(directory, name: str):
-    """`load(directory)`, naming the argument `name` (e.g. `--checkpoint`) in errors."""
+def read_run(directory, name: str, spread: bool = False):
+    """`load(directory)`, naming the argument `name` (e.g. `--checkpoint`) in errors.
+    `spread`: place the model, replicated, on the most devices of the run's processes whose
+    number divides the batch size (where `Run(cfg, devices=model_devices(cfg), fsdp=1)`
+    splits its batches), not one local device."""
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(
             f"{name}={directory!r} must be the path (str or pathlib.Path) of a run "
@@ -82,10 +86,18 @@ def read_run(directory, name: str):
         source = f"{directory}/{ckpt.SIDECAR}"
         cfg = from_dict(TrainExperiment, meta["config"], source)
         task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
-        run = Run(cfg, devices=jax.local_devices()[:1], task=task, fsdp=1)
+        devices = batch_devices(cfg) if spread else jax.local_devices()[:1]
+        run = Run(cfg, devices=devices, task=task, fsdp=1)
         model, _, meta = run.restore(directory, meta)
     except ckpt.CheckpointError as e:
         damaged = (directory / ckpt.SIDECAR).is_file()
         fix = "; restore the directory's files from a copy, or train again" if damaged else ""
         raise ckpt.CheckpointError(f"{name}={str(directory)!r}: {e}{fix}") from None
     return model, cfg, meta
+
+
+def batch_devices(cfg) -> list:
+    """The first `n` of `jax.devices()`, `n` the most that divides `optim.batch_size`."""
+    every = jax.devices()
+    n = max(d for d in range(1, len(every) + 1) if cfg.optim.batch_size % d == 0)
+    return every[:n]

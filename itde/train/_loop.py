@@ -34,7 +34,10 @@ own shards on its devices. Only process 0 reads or writes the output directory (
 checkpoint, metrics, plot): on `--resume` it checks the checkpoint and broadcasts the
 sidecar and the state file to the other processes, and an error it finds stops every
 process with the same message; after each save every process waits for process 0's
-outcome, so none runs ahead of a checkpoint that failed.
+outcome, so none runs ahead of a checkpoint that failed. The exception is the sharded
+checkpoint (`[run] checkpoint_format`, `itde.train._formats`; the default of a run of
+several processes or `fsdp > 1`): each process writes and reads its own shards, in a
+directory every process must see.
 
 **Reproducibility.** Initialisation, the training batches and the held-out data are pure
 functions of `optim.seed` (`fold_in(key(seed), 0 | 1 | 2)`; batch $s$ from
@@ -66,6 +69,7 @@ from .._io import check_output_location
 from .._roles import DECAY, FROZEN, parameter_roles
 from . import _checkpoint as ckpt
 from . import _distributed as dist
+from . import _formats as formats
 from . import _sharding as shd
 from ._budget import check_fits
 from ._config import (
@@ -441,15 +445,17 @@ class Run:
         """`(model, opt_state, meta)` from a checkpoint directory, placed on the mesh in
         the run's layout ([`place_state`][itde.train.Run.place_state]).
 
-        Only process 0 reads the directory; the sidecar and the checked leaves file
-        reach the other processes by broadcast, and so does any error it finds."""
+        Only process 0 reads the sidecar and a single-file (format 2) checkpoint: they
+        reach the other processes by broadcast, and so does any error it finds. A sharded
+        (format 3) checkpoint is read by every process, each the pieces its devices hold
+        on this run's mesh, which may differ from the writer's."""
         template = self.init_state()
         if meta is None:
             meta = dist.on_main(lambda: ckpt.read_meta(directory), errors=_ERRORS)
         self.check_meta(meta, directory)
-        raw = dist.on_main(lambda: ckpt.read_leaves(directory, meta), errors=_ERRORS)
-        (model, opt_state), meta = ckpt.load(directory, template, meta, raw=raw)
-        return *self.place_state(model, opt_state), meta
+        reader = formats.READERS[meta["format"]]  # read_meta accepts no other number
+        (model, opt_state), meta = reader.load(directory, template, meta, self.mesh)
+        return model, opt_state, meta
 
 
 def config_for_resume(directory, cfg: TrainExperiment | None, source: str, meta=None):
@@ -481,8 +487,9 @@ def _refuse_existing(out: Path) -> None:
         )
 
 
-def _save(out: Path, step: int, state, meta: dict) -> None:
-    ckpt.save(out, step, state, meta)
+def _save(run, out: Path, step: int, state, meta: dict) -> None:
+    """A collective: every process calls it (`itde.train._formats`)."""
+    formats.writer(run.cfg.run.checkpoint_format, run.mesh).save(out, step, state, meta)
 
 
 def restart_clock(bar) -> None:
@@ -734,10 +741,7 @@ def train(
             if done % r.checkpoint_every == 0 or done == total:
                 m = run.meta()
                 m["wall_s"] = wall0 + time.perf_counter() - t_start
-                # every process gathers the (sharded) state; process 0 writes it, and the
-                # broadcast of its outcome is the barrier after the save
-                host = shd.to_host((model, opt_state))
-                dist.on_main(lambda: _save(out, done, host, m), errors=_ERRORS)
+                _save(run, out, done, (model, opt_state), m)  # every process; a barrier
                 saved = True
             bar.update(1)
             if s == start:
