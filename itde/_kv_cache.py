@@ -240,16 +240,17 @@ def _run(eq, layers, u, cache_kv, pos, n_max, full):
         )
         keys.append(k)
         values.append(v)
-    return eq.output(u).astype(u.dtype), tuple(keys), tuple(values)
+    return u, tuple(keys), tuple(values)
 
 
 def prefill(
     eq: TransformerIDE, layers, u0: Float[Array, "max_length features"], length
 ) -> tuple[Float[Array, "max_length features"], KVCache]:
     """Solve the whole window `u0` (`[max_length, features]`: the prompt's `length` rows,
-    then any filler) once and keep every layer's keys and values. Returns the output map
-    of the final states (rows past `length` are meaningless) and the cache, filled to
-    `length`. `layers`: [`split_layers(eq)`][itde.split_layers]."""
+    then any filler) once and keep every layer's keys and values. Returns the final
+    states $u(T)$ (`solve(eq, u0).ys[-1]`; `eq.output` maps them to the model's output;
+    rows past `length` are meaningless) and the cache, filled to `length`. `layers`:
+    [`split_layers(eq)`][itde.split_layers]."""
     n_max = u0.shape[0]
     h, keys, values = _run(eq, layers, u0, ((None,) * len(layers),) * 2, 0, n_max, True)
     return h, KVCache(keys, values, jnp.asarray(length, jnp.int32))
@@ -260,18 +261,13 @@ def decode(
 ) -> tuple[Float[Array, "1 features"], KVCache]:
     """The trajectory of one new token (its initial state `u`, `[1, features]`, at
     position `cache.length`) attending to the cached keys and values and to itself.
-    Returns its output row and the cache with its row written, one longer."""
+    Returns its final state $u(T)$ `[1, features]` and the cache with its row written,
+    one longer."""
     pos = cache.length
     h, keys, values = _run(
         eq, layers, u, (cache.keys, cache.values), pos, cache.max_length, False
     )
     return h, KVCache(keys, values, pos + 1)
-
-
-def window_row(u0_fn, window, pos):
-    """Row `pos` of the initial state of `window` (`u0_fn(window)`: the embeddings, whose
-    positions may depend on the whole window), `[1, features]`."""
-    return jax.lax.dynamic_slice_in_dim(u0_fn(window), pos, 1)
 
 
 __all__ = [

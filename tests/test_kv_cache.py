@@ -76,16 +76,18 @@ LOGITS = jax.jit(lambda lm, ids: lm.logits(ids))
 
 @eqx.filter_jit
 def _prefill(lm, layers, window, filled):
-    h, cache = itde.prefill(lm.base.equation, layers, lm.base.embed(window), filled)
-    return lm.project(h), cache
+    eq = lm.base.equation
+    u, cache = itde.prefill(eq, layers, lm.base.embed(window), filled)
+    return lm.project(eq.output(u)), cache
 
 
 @eqx.filter_jit
 def _step(lm, layers, window, cache):
     """One token decoded against the cache: the token at position `cache.length`."""
     u = jax.lax.dynamic_slice_in_dim(lm.base.embed(window), cache.length, 1)
-    h, cache = itde.decode(lm.base.equation, layers, u, cache)
-    return lm.project(h[0]), cache
+    eq = lm.base.equation
+    h, cache = itde.decode(eq, layers, u, cache)
+    return lm.project(eq.output(h)[0]), cache
 
 
 def _check_cached_equals_uncached(lm, layers, ids, prompt_len, max_length):
@@ -215,3 +217,40 @@ def test_non_causal_model_is_refused_and_cache_true_raises(models):
     volterra = eqx.tree_at(lambda m: m.base.equation.grid, lm, grid)
     with pytest.raises(itde.NotCacheableError, match=r"Trapezoid.* is not the unit grid"):
         volterra.generate(np.array([5], np.int32), 2, cache=True)
+
+
+# ------------------------------------------------------------------ itde sample
+def _charlm(**model):
+    from itde.train import TASKS, TrainExperiment, from_dict
+
+    cfg = from_dict(TrainExperiment, {
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 8, **model},
+        "task": {"name": "charlm", "context": 8},
+    })  # fmt: skip
+    task = TASKS["charlm"](cfg.task)
+    return task.init_model(cfg.model, jax.random.key(3), dtype=jnp.float64), task.itos
+
+
+@pytest.mark.slow
+def test_itde_sample_with_cache_draws_the_uncached_text():
+    """Pre-norm causal charlm model, float64: the same text with and without the cache,
+    greedy and sampled, past the point where the window (8 tokens) is full and slides."""
+    from itde.train import sample_stream
+    from itde.train import _sample as sampler
+
+    model, itos = _charlm(block="pre_norm")
+    assert sampler.cacheable(model, 8)
+    for kw in (dict(temperature=0.0), dict(temperature=0.9, top_k=5, seed=4)):
+        cached = "".join(sample_stream(model, itos, "the", 13, chunk=5, cache=True, **kw))
+        plain = "".join(sample_stream(model, itos, "the", 13, chunk=5, cache=False, **kw))
+        assert cached == plain and len(cached) == 13
+
+
+def test_itde_sample_falls_back_for_rk4_and_refuses_cache_true():
+    from itde.train import sample_stream
+    from itde.train import _sample as sampler
+
+    model, itos = _charlm(block="pre_norm", scheme="rk4", dt=0.5)
+    assert not sampler.cacheable(model, 8)
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=Projected: .*RK4"):
+        next(sample_stream(model, itos, "the", 3, cache=True))

@@ -538,8 +538,10 @@ def _prefill(lm, layers, window, filled):
 def _prefill_traced(lm, layers, window, filled):
     """The whole window solved once: the cache filled to `filled`, and the logits of the
     last prompt token (compiled once per model and window length)."""
-    h, cache = prefill(lm.base.equation, layers, lm.base.embed(window), filled)
-    logits = lm.project(jax.lax.dynamic_index_in_dim(h, filled - 1, keepdims=False))
+    eq = lm.base.equation
+    u, cache = prefill(eq, layers, lm.base.embed(window), filled)
+    h = eq.output(jax.lax.dynamic_slice_in_dim(u, filled - 1, 1))[0].astype(u.dtype)
+    logits = lm.project(h)
     return cache, logits.astype(wide(logits.dtype))
 
 
@@ -567,7 +569,7 @@ def _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top
         window = window.at[pos].set(tok)
         u = jax.lax.dynamic_slice_in_dim(lm.base.embed(window), pos, 1)
         h, cache = decode(eq, layers, u, cache)
-        nxt = lm.project(h[0])
+        nxt = lm.project(eq.output(h)[0].astype(h.dtype))
         return window, cache, nxt.astype(logits.dtype), out.at[j].set(tok)
 
     out = jnp.zeros((chunk,), jnp.int32)
