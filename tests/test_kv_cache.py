@@ -235,8 +235,8 @@ def _charlm(**model):
 def test_itde_sample_with_cache_draws_the_uncached_text():
     """Pre-norm causal charlm model, float64: the same text with and without the cache,
     greedy and sampled, past the point where the window (8 tokens) is full and slides."""
-    from itde.train import sample_stream
     from itde.train import _sample as sampler
+    from itde.train import sample_stream
 
     model, itos = _charlm(block="pre_norm")
     assert sampler.cacheable(model, 8)
@@ -247,8 +247,8 @@ def test_itde_sample_with_cache_draws_the_uncached_text():
 
 
 def test_itde_sample_falls_back_for_rk4_and_refuses_cache_true():
-    from itde.train import sample_stream
     from itde.train import _sample as sampler
+    from itde.train import sample_stream
 
     model, itos = _charlm(block="pre_norm", scheme="rk4", dt=0.5)
     assert not sampler.cacheable(model, 8)
