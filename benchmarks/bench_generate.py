@@ -34,7 +34,12 @@ import itde
 def _config(tiny: bool) -> transformers.GPT2Config:
     if tiny:
         return transformers.GPT2Config(
-            n_embd=32, n_layer=2, n_head=2, n_positions=64, vocab_size=97, bos_token_id=0,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_positions=64,
+            vocab_size=97,
+            bos_token_id=0,
             eos_token_id=0,
         )
     return transformers.GPT2Config()  # GPT-2 124M: 12 layers, width 768, 12 heads

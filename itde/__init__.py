@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         NotCacheableError,
         check_cacheable,
         decode,
+        n_evaluations,
         prefill,
         split_layers,
     )
@@ -263,6 +264,7 @@ _EXPORTS = {
     "NotCacheableError": "._kv_cache",
     "check_cacheable": "._kv_cache",
     "decode": "._kv_cache",
+    "n_evaluations": "._kv_cache",
     "prefill": "._kv_cache",
     "split_layers": "._kv_cache",
 }

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import itde
 from itde.interop import _hf_lm
-from itde_solvers import RK4
+from itde_solvers import RK4, Strang
 
 VOCAB = 40
 COMMON = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=2, eos_token_id=3)
@@ -168,8 +168,11 @@ def test_cached_equals_uncached_over_lengths(models, prompt_len, extra, max_leng
 def test_rk4_and_adaptive_steps_are_refused_by_name(models):
     _, lm, _ = models["gpt2"]
     eq = lm.base.equation
-    with pytest.raises(itde.NotCacheableError, match=r"`solver`=RK4: .*stages 2 and 3 share"):
-        itde.check_cacheable(eq, 16, solver=RK4())
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=Strang: .*RK4's stages 2 "
+                       r"and 3 share one\), so the keys cannot be indexed"):  # fmt: skip
+        itde.check_cacheable(eq, 16, solver=Strang())
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=RK4 on per-layer controls"):
+        itde.check_cacheable(eq, 16, solver=RK4(), dt0=1.0)
     with pytest.raises(itde.NotCacheableError, match=r"`stepsize_controller`=PIDController: "
                        r"an adaptive controller chooses the depth steps from the error of the "
                        r"whole sequence"):  # fmt: skip
@@ -195,6 +198,44 @@ def _native(tokens_rule, controls="piecewise"):
     return eq
 
 
+@pytest.fixture(scope="module")
+def continuous():
+    """A native pre-norm causal model with smooth (Legendre) controls, float64."""
+    return _native(itde.Midpoint(), "legendre")
+
+
+@eqx.filter_jit
+def _rk_prefill(eq, u0, length):
+    return itde.prefill(eq, None, u0, length, solver=RK4(), dt0=1.0)
+
+
+@eqx.filter_jit
+def _rk_decode(eq, u0, cache):
+    u = jax.lax.dynamic_slice_in_dim(u0, cache.length, 1)
+    return itde.decode(eq, None, u, cache, solver=RK4(), dt0=1.0)
+
+
+def test_continuous_rk4_cached_equals_the_uncached_diffrax_solve(continuous):
+    """RK4 at dt0 = 0.5 on smooth controls (4 steps x 4 stages of cached keys): the prefill
+    and every decoded token equal `itde.solve(eq, u0, solver=RK4(), dt0=1.0)` (diffrax's
+    own Runge-Kutta loop over the whole sequence) to 1e-12."""
+    eq = continuous
+    itde.check_cacheable(eq, 12, solver=RK4(), dt0=1.0)
+    assert itde.n_evaluations(eq, RK4(), 1.0) == 8
+    u0 = jax.random.normal(jax.random.key(5), (12, 8), jnp.float64)
+    ref = np.asarray(itde.solve(eq, u0, solver=RK4(), dt0=1.0).ys[-1])
+    u, cache = _rk_prefill(eq, u0, 7)
+    np.testing.assert_allclose(np.asarray(u)[:7], ref[:7], rtol=0, atol=1e-12)
+    for p in range(7, 12):
+        h, cache = _rk_decode(eq, u0, cache)
+        np.testing.assert_allclose(np.asarray(h)[0], ref[p], rtol=0, atol=1e-12)
+    # the cache is what makes it right: a decode that reads no earlier key differs
+    blank = eqx.tree_at(lambda c: c.keys, cache, tuple(k * 0 for k in cache.keys))
+    blank = eqx.tree_at(lambda c: c.length, blank, jnp.asarray(11, jnp.int32))
+    h, _ = _rk_decode(eq, u0, blank)
+    assert np.max(np.abs(np.asarray(h)[0] - ref[11])) > 1e-6
+
+
 def test_volterra_rules_and_continuous_controls_are_refused_by_name():
     with pytest.raises(itde.NotCacheableError, match=r"is not the unit grid: its nodes and "
                        r"Volterra weights for the earlier tokens change with the number of "
@@ -204,6 +245,8 @@ def test_volterra_rules_and_continuous_controls_are_refused_by_name():
     with pytest.raises(itde.NotCacheableError, match=r"controls of type LegendreControls are "
                        r"smooth in depth"):  # fmt: skip
         itde.check_cacheable(_native(itde.Midpoint(), "legendre"), 16)
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=RK4 needs a fixed step `dt0`"):
+        itde.check_cacheable(_native(itde.Midpoint(), "legendre"), 16, solver=RK4())
 
 
 def test_non_causal_model_is_refused_and_cache_true_raises(models):
@@ -232,13 +275,16 @@ def _charlm(**model):
 
 
 @pytest.mark.slow
-def test_itde_sample_with_cache_draws_the_uncached_text():
-    """Pre-norm causal charlm model, float64: the same text with and without the cache,
-    greedy and sampled, past the point where the window (8 tokens) is full and slides."""
+@pytest.mark.parametrize("model", [dict(block="pre_norm"),
+                                   dict(block="pre_norm", scheme="rk4", dt=0.5)])  # fmt: skip
+def test_itde_sample_with_cache_draws_the_uncached_text(model):
+    """Pre-norm causal charlm models, float64, discrete and continuous (RK4 on smooth
+    controls): the same text with and without the cache, greedy and sampled, past the
+    point where the window (8 tokens) is full and slides."""
     from itde.train import _sample as sampler
     from itde.train import sample_stream
 
-    model, itos = _charlm(block="pre_norm")
+    model, itos = _charlm(**model)
     assert sampler.cacheable(model, 8)
     for kw in (dict(temperature=0.0), dict(temperature=0.9, top_k=5, seed=4)):
         cached = "".join(sample_stream(model, itos, "the", 13, chunk=5, cache=True, **kw))
@@ -246,11 +292,12 @@ def test_itde_sample_with_cache_draws_the_uncached_text():
         assert cached == plain and len(cached) == 13
 
 
-def test_itde_sample_falls_back_for_rk4_and_refuses_cache_true():
+def test_itde_sample_falls_back_for_post_norm_rk4_and_refuses_cache_true():
     from itde.train import _sample as sampler
     from itde.train import sample_stream
 
-    model, itos = _charlm(block="pre_norm", scheme="rk4", dt=0.5)
+    model, itos = _charlm(block="post_norm", scheme="rk4", dt=0.5)
     assert not sampler.cacheable(model, 8)
-    with pytest.raises(itde.NotCacheableError, match=r"`solver`=Projected: .*RK4"):
+    with pytest.raises(itde.NotCacheableError, match=r"a post-norm equation lives on a "
+                       r"constraint set"):  # fmt: skip
         next(sample_stream(model, itos, "the", 3, cache=True))

@@ -64,10 +64,15 @@ def _prefill(model, layers, window, filled):
     return _prefill_traced(model, layers, window, filled)
 
 
+def _scheme(model) -> dict:
+    """The model's depth scheme as the cache takes it."""
+    return dict(solver=SCHEMES[model.scheme].make(), dt0=model.dt)
+
+
 @eqx.debug.assert_max_traces(max_traces=None)
 def _prefill_traced(model, layers, window, filled):
     """The window solved once: the cache, and the logits of position `filled - 1`."""
-    u, cache = prefill(model.ide, layers, model.initial_state(window), filled)
+    u, cache = prefill(model.ide, layers, model.initial_state(window), filled, **_scheme(model))
     row = jax.lax.dynamic_slice_in_dim(u, filled - 1, 1)
     return cache, model.head(row)[0].astype(jnp.float32)
 
@@ -90,11 +95,11 @@ def _draw_cached_traced(model, layers, window, filled, cache, logits, key, tempe
 
     def grow(window, filled, cache):
         u = jax.lax.dynamic_slice_in_dim(model.initial_state(window), filled - 1, 1)
-        h, cache = decode(eq, layers, u, cache)
+        h, cache = decode(eq, layers, u, cache, **_scheme(model))
         return cache, model.head(h)[0].astype(jnp.float32)
 
     def slide(window, filled, cache):
-        u, cache = prefill(eq, layers, model.initial_state(window), context)
+        u, cache = prefill(eq, layers, model.initial_state(window), context, **_scheme(model))
         return cache, model.head(u[-1:])[0].astype(jnp.float32)
 
     def body(j, carry):
@@ -117,7 +122,7 @@ def cacheable(model, context: int) -> bool:
     ([`itde.check_cacheable`][itde.check_cacheable] with the model's depth scheme and
     step); otherwise it solves the whole window for every token."""
     try:
-        check_cacheable(model.ide, context, solver=SCHEMES[model.scheme].make(), dt0=model.dt)
+        check_cacheable(model.ide, context, **_scheme(model))
     except NotCacheableError:
         return False
     return True
@@ -197,8 +202,7 @@ def sample_stream(
     [`cacheable`][itde.train._sample.cacheable]; True/False: with or without; the same
     tokens either way, to round-off)."""
     if cache is True:
-        check_cacheable(model.ide, _context(model, context),
-                        solver=SCHEMES[model.scheme].make(), dt0=model.dt)  # fmt: skip
+        check_cacheable(model.ide, _context(model, context), **_scheme(model))
     top_k, floor = _check(model, itos, prompt, length, temperature, seed, encode,
                           top_k=top_k, top_p=top_p)  # fmt: skip
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
