@@ -44,6 +44,16 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         SplineControls,
         fit_residuals,
     )
+    from ._kv_cache import (  # noqa: F401
+        LIE_STEPS,
+        KVCache,
+        NotCacheableError,
+        check_cacheable,
+        decode,
+        n_evaluations,
+        prefill,
+        split_layers,
+    )
     from ._operators._abstract import (  # noqa: F401
         AbstractAttention,
         AbstractFeedForward,
@@ -249,6 +259,14 @@ _EXPORTS = {
     "FeatureAffine": "._operators._affine",
     "continuum_form": "._continuum",
     "DepthStepWarning": "._solve",
+    "KVCache": "._kv_cache",
+    "LIE_STEPS": "._kv_cache",
+    "NotCacheableError": "._kv_cache",
+    "check_cacheable": "._kv_cache",
+    "decode": "._kv_cache",
+    "n_evaluations": "._kv_cache",
+    "prefill": "._kv_cache",
+    "split_layers": "._kv_cache",
 }
 #: Subpackages reachable as attributes (`itde.train` after `import itde`), loaded on use.
 _SUBPACKAGES = ("analysis", "cli", "data", "function", "interop", "studies", "train")

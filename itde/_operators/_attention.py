@@ -258,37 +258,30 @@ class Attention(AbstractAttention):
           token nodes): sliding-window attention, $|x - \\tilde x| < L$ (with `causal`,
           $0 \\le x - \\tilde x < L$). `None`: every key.
         """
-        dtype = u.dtype
-        uw = _weighted(u, feature_weights)
-        q, k, v = self._qkv(uw)
-        if rotary is not None:
-            q, k = rotate(q, rotary), rotate(k, rotary)
-        rep = self.n_heads // self.n_kv_heads
-        if rep > 1:  # grouped-query attention: query head m reads key/value head m // rep
-            k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
-        head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
-        q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
+        q, k, v = self.project_qkv(u, feature_weights=feature_weights, rotary=rotary)
         if not isinstance(core, AbstractAttentionCore):
             raise TypeError(
                 f"`core`={core!r} must be an itde attention core: itde.Dense(), "
                 "itde.Blocked(block_size=...) or itde.Fused()."
             )
-        lw = None if token_log_weights is None else token_log_weights.astype(dtype)
+        lw = None if token_log_weights is None else token_log_weights.astype(u.dtype)
         key_mask = _key_mask(key_mask, u.shape[0], "key_mask")
         if key_mask is not None:
             if key_mask.ndim != 1:
                 raise ValueError(
                     f"`key_mask` must be [tokens] for one sequence, got shape {key_mask.shape}."
                 )
-            lw = jnp.zeros((u.shape[0],), dtype) if lw is None else lw
-            lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, dtype))
+            lw = jnp.zeros((u.shape[0],), u.dtype) if lw is None else lw
+            lw = jnp.where(key_mask, lw, jnp.asarray(-jnp.inf, u.dtype))
         # the window is passed only when there is one: a core written before windows still
         # serves every model without one
         extra = {} if window is None else {"window": window}
-        o = core(
+        return self.attend(
             q,
             k,
             v,
+            head_weights=head_weights,
+            core=core,
             token_log_weights=lw,
             query_weights=query_weights,
             score_bias=score_bias,
@@ -296,6 +289,31 @@ class Attention(AbstractAttention):
             causal=causal,
             **extra,
         )
+
+    def project_qkv(self, u, *, feature_weights=None, rotary=None):
+        """The first half of [`__call__`][itde.Attention.__call__]: queries, keys and values
+        `[heads or kv_heads, tokens, size]` of the tokens of `u`, queries and keys rotated
+        by `rotary` (keys and values not yet repeated for grouped-query attention). A token's
+        own row depends on that token alone, so a key/value cache
+        ([`itde.KVCache`][itde.KVCache]) stores these rows."""
+        q, k, v = self._qkv(_weighted(u, feature_weights))
+        if rotary is not None:
+            q, k = rotate(q, rotary), rotate(k, rotary)
+        return q, k, v
+
+    def attend(self, q, k, v, *, head_weights=None, core=Dense(), **pair_terms):
+        """The second half of [`__call__`][itde.Attention.__call__]: the attention output
+        `[queries, features]` of queries `q` against keys `k` and values `v` from
+        [`project_qkv`][itde.Attention.project_qkv] (grouped-query heads repeated here,
+        queries scaled, the core's token quadrature, then the output projection). `core`:
+        any callable `core(q, k, v, **pair_terms)`; `pair_terms` as the cores take them."""
+        dtype = q.dtype
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:  # grouped-query attention: query head m reads key/value head m // rep
+            k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
+        head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
+        q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
+        o = core(q, k, v, **pair_terms)
         out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
         if self.bo is not None:
             out = out + self.bo.astype(dtype)

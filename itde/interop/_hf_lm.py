@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .._kv_cache import NotCacheableError, check_cacheable, decode, prefill, split_layers
 from .._operators._precision import contract, wide
 from .._roles import kernel
 from .._sampling import _scalar, check_filters, draw_token
@@ -330,6 +331,7 @@ class HFCausalLM(eqx.Module):
         eos_token_id: int | None = None,
         max_length: int | None = None,
         chunk: int = 16,
+        cache: bool | None = None,
     ) -> Iterator[np.ndarray]:
         """The tokens drawn after `prompt_ids`, yielded in pieces of at most `chunk` tokens
         as they are drawn (the prompt itself is not yielded).
@@ -360,6 +362,13 @@ class HFCausalLM(eqx.Module):
           the model's position limit.
         - `chunk`: tokens drawn per call of the compiled program (part of what it is
           compiled for).
+        - `cache`: keep every layer's keys and values ([`itde.KVCache`][itde.KVCache]):
+          the prompt is solved once (a prefill compiled per model and `max_length`), then
+          each token runs its own trajectory against the cache instead of the whole
+          window (the same tokens; float64 logits equal to round-off). None (default):
+          with the cache when the model is cacheable
+          ([`itde.check_cacheable`][itde.check_cacheable]), without otherwise; True:
+          with it, or `itde.NotCacheableError` saying why not; False: without.
         """
         prompt, n_new, window_len = self._check_generate(
             prompt_ids, max_new_tokens, key, temperature, eos_token_id, max_length, chunk
@@ -370,6 +379,15 @@ class HFCausalLM(eqx.Module):
                 "key: greedy); pass `key=jax.random.key(seed)` to sample."
             )
         top_k, floor = check_filters(top_k, top_p)
+        if cache not in (None, True, False):
+            raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
+        if cache is not False:
+            try:
+                check_cacheable(self.base.equation, window_len)
+            except NotCacheableError:
+                if cache:
+                    raise
+                cache = False
         window = np.zeros((window_len,), np.int32)
         window[: prompt.shape[0]] = prompt
         window, filled = jnp.asarray(window), jnp.asarray(prompt.shape[0], jnp.int32)
@@ -377,6 +395,11 @@ class HFCausalLM(eqx.Module):
         key = jax.random.key(0) if key is None else key
         temp = _scalar(0.0 if greedy else temperature)
         k, floor = jnp.asarray(top_k, jnp.int32), _scalar(floor)
+        if cache is not False:
+            yield from self._stream_cached(
+                window, filled, n_new, key, temp, k, floor, eos_token_id, chunk
+            )
+            return
         done = 0
         while done < n_new:
             n = min(chunk, n_new - done)
@@ -387,6 +410,23 @@ class HFCausalLM(eqx.Module):
             piece = np.asarray(out[:n])
             if eos_token_id is not None and (piece == eos_token_id).any():
                 yield piece[: int(np.argmax(piece == eos_token_id)) + 1]
+                return
+            yield piece
+            done += n
+
+    def _stream_cached(self, window, filled, n_new, key, temp, k, floor, eos, chunk):
+        layers = split_layers(self.base.equation)
+        cache, logits = _prefill(self, layers, window, filled)
+        done = 0
+        while done < n_new:
+            n = min(chunk, n_new - done)
+            window, cache, logits, out = _draw_cached(
+                self, layers, window, cache, logits, key, temp, k, floor,
+                jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk,
+            )  # fmt: skip
+            piece = np.asarray(out[:n])
+            if eos is not None and (piece == eos).any():
+                yield piece[: int(np.argmax(piece == eos)) + 1]
                 return
             yield piece
             done += n
@@ -487,3 +527,50 @@ def _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, c
 
     out = jnp.zeros((chunk,), jnp.int32)
     return jax.lax.fori_loop(0, n, body, (window, filled, out))
+
+
+@eqx.filter_jit
+def _prefill(lm, layers, window, filled):
+    return _prefill_traced(lm, layers, window, filled)
+
+
+@eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
+def _prefill_traced(lm, layers, window, filled):
+    """The whole window solved once: the cache filled to `filled`, and the logits of the
+    last prompt token (compiled once per model and window length)."""
+    eq = lm.base.equation
+    u, cache = prefill(eq, layers, lm.base.embed(window), filled)
+    h = eq.output(jax.lax.dynamic_slice_in_dim(u, filled - 1, 1))[0].astype(u.dtype)
+    logits = lm.project(h)
+    return cache, logits.astype(wide(logits.dtype))
+
+
+@eqx.filter_jit
+def _draw_cached(lm, layers, window, cache, logits, key, temperature, top_k, floor, start, n,
+                 chunk: int):  # fmt: skip
+    return _draw_cached_traced(
+        lm, layers, window, cache, logits, key, temperature, top_k, floor, start, n, chunk
+    )
+
+
+@eqx.debug.assert_max_traces(max_traces=None)
+def _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top_k, floor,
+                        start, n, chunk):  # fmt: skip
+    """Draw `n <= chunk` tokens from the `logits` of the last filled position, each new
+    token's trajectory solved against the cache (`itde.decode`). The embeddings of a new
+    token are row `filled` of the window's (so that any position scheme reads the window
+    as the uncached solve does)."""
+    eq = lm.base.equation
+
+    def body(j, carry):
+        window, cache, logits, out = carry
+        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
+        pos = cache.length
+        window = window.at[pos].set(tok)
+        u = jax.lax.dynamic_slice_in_dim(lm.base.embed(window), pos, 1)
+        h, cache = decode(eq, layers, u, cache)
+        nxt = lm.project(eq.output(h)[0].astype(h.dtype))
+        return window, cache, nxt.astype(logits.dtype), out.at[j].set(tok)
+
+    out = jnp.zeros((chunk,), jnp.int32)
+    return jax.lax.fori_loop(0, n, body, (window, cache, logits, out))

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._config import SEED_MAX
+from .._kv_cache import NotCacheableError, check_cacheable, decode, prefill, split_layers
+from .._registry import SCHEMES
 from .._sampling import IncrementalDecoder, _scalar, check_filters, draw_token
 
 #: how the sampler's errors name its filters (the flags of `itde sample`)
@@ -55,6 +57,75 @@ def _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n
 
     out = jnp.zeros((chunk,), jnp.int32)
     return jax.lax.fori_loop(0, n, body, (window, filled, out))
+
+
+@eqx.filter_jit
+def _prefill(model, layers, window, filled):
+    return _prefill_traced(model, layers, window, filled)
+
+
+def _scheme(model) -> dict:
+    """The model's depth scheme as the cache takes it."""
+    return dict(solver=SCHEMES[model.scheme].make(), dt0=model.dt)
+
+
+@eqx.debug.assert_max_traces(max_traces=None)
+def _prefill_traced(model, layers, window, filled):
+    """The window solved once: the cache, and the logits of position `filled - 1`."""
+    u, cache = prefill(model.ide, layers, model.initial_state(window), filled, **_scheme(model))
+    row = jax.lax.dynamic_slice_in_dim(u, filled - 1, 1)
+    return cache, model.head(row)[0].astype(jnp.float32)
+
+
+@eqx.filter_jit
+def _draw_cached(model, layers, window, filled, cache, logits, key, temperature, top_k, floor,
+                 start, n, chunk: int):  # fmt: skip
+    return _draw_cached_traced(model, layers, window, filled, cache, logits, key, temperature,
+                               top_k, floor, start, n, chunk)  # fmt: skip
+
+
+@eqx.debug.assert_max_traces(max_traces=None)
+def _draw_cached_traced(model, layers, window, filled, cache, logits, key, temperature, top_k,
+                        floor, start, n, chunk):  # fmt: skip
+    """`_draw_traced` with a key/value cache: while the window grows, each new token runs
+    its own trajectory against the cache (`itde.decode`); once it is full and slides,
+    every position moves, so the slid window is solved again in one prefill."""
+    context = window.shape[0]
+    eq = model.ide
+
+    def grow(window, filled, cache):
+        u = jax.lax.dynamic_slice_in_dim(model.initial_state(window), filled - 1, 1)
+        h, cache = decode(eq, layers, u, cache, **_scheme(model))
+        return cache, model.head(h)[0].astype(jnp.float32)
+
+    def slide(window, filled, cache):
+        u, cache = prefill(eq, layers, model.initial_state(window), context, **_scheme(model))
+        return cache, model.head(u[-1:])[0].astype(jnp.float32)
+
+    def body(j, carry):
+        window, filled, cache, logits, out = carry
+        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
+        full = filled >= context
+        slid = jnp.roll(window, -1).at[-1].set(tok)
+        grown = window.at[jnp.minimum(filled, context - 1)].set(tok)
+        window = jnp.where(full, slid, grown)
+        filled = jnp.minimum(filled + 1, context)
+        cache, logits = jax.lax.cond(full, slide, grow, window, filled, cache)
+        return window, filled, cache, logits, out.at[j].set(tok)
+
+    out = jnp.zeros((chunk,), jnp.int32)
+    return jax.lax.fori_loop(0, n, body, (window, filled, cache, logits, out))
+
+
+def cacheable(model, context: int) -> bool:
+    """Whether `itde sample` can draw from `model` with a key/value cache
+    ([`itde.check_cacheable`][itde.check_cacheable] with the model's depth scheme and
+    step); otherwise it solves the whole window for every token."""
+    try:
+        check_cacheable(model.ide, context, **_scheme(model))
+    except NotCacheableError:
+        return False
+    return True
 
 
 def _check(model, itos, prompt, length, temperature, seed, encode=None, *, top_k=None,
@@ -114,7 +185,7 @@ def _prompt_ids(itos, prompt, encode, decode) -> list[int]:
 def sample_stream(
     model, itos, prompt: str, length: int, *, temperature: float = 1.0, seed: int = 0,
     chunk: int = 256, encode=None, context: int | None = None, decode=None,
-    top_k: int | None = None, top_p: float = 1.0,
+    top_k: int | None = None, top_p: float = 1.0, cache: bool | None = None,
 ) -> Iterator[str]:  # fmt: skip
     """The text of the `length` tokens drawn after `prompt`, yielded in pieces of at most
     `chunk` tokens as they are generated (the prompt itself is not yielded). The pieces
@@ -126,7 +197,12 @@ def sample_stream(
     of tokens longer than one character (e.g. `TextLM.encode` of a BPE task; default: one
     token per character of `itos`); `decode`: token ids -> text (the tokenizer's own, e.g.
     `TextLM.tokenizer.decode`; default: the tokens of `itos` joined); `context`: the window
-    the model reads (default: its position table's length, `model.max_tokens`)."""
+    the model reads (default: its position table's length, `model.max_tokens`); `cache`:
+    draw with a key/value cache (None: when the model is cacheable, see
+    [`cacheable`][itde.train._sample.cacheable]; True/False: with or without; the same
+    tokens either way, to round-off)."""
+    if cache is True:
+        check_cacheable(model.ide, _context(model, context), **_scheme(model))
     top_k, floor = _check(model, itos, prompt, length, temperature, seed, encode,
                           top_k=top_k, top_p=top_p)  # fmt: skip
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -141,7 +217,22 @@ def sample_stream(
     temp, k, floor = _scalar(temperature), jnp.asarray(top_k, jnp.int32), _scalar(floor)
     text = IncrementalDecoder(decode or (lambda ids: "".join(itos[i] for i in ids)), ids)
     chunk = min(chunk, max(length, 1))
+    if cache is None:
+        cache = cacheable(model, context)
     done = 0
+    if cache:
+        layers = split_layers(model.ide)
+        kv, logits = _prefill(model, layers, window, filled)
+        while done < length:
+            n = min(chunk, length - done)
+            window, filled, kv, logits, out = _draw_cached(
+                model, layers, window, filled, kv, logits, key, temp, k, floor,
+                jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk,
+            )  # fmt: skip
+            done += n
+            piece = text.push(np.asarray(out[:n]))
+            yield piece + text.flush() if done >= length else piece
+        return
     while done < length:
         n = min(chunk, length - done)
         window, filled, out = _draw(

@@ -1,0 +1,303 @@
+"""The key/value cache for causal generation (`itde.KVCache`): cached == uncached.
+
+For GPT-2 (learned positions), Llama (RoPE, grouped-query attention), Mistral (a sliding
+window shorter than the sequence) and GPT-NeoX (parallel attention and feed-forward),
+built by `transformers` from tiny configs with random weights: the float64 logits of the
+prefill and of every decoded token equal the uncached model's (itself equal to
+transformers') to 1e-12, and greedy generation with the cache gives transformers' own
+`generate(do_sample=False)` tokens. The refusals (multi-stage schemes, adaptive steps,
+Volterra rules, non-causal models) are named.
+"""
+
+import dataclasses
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from helpers import spread_hf_weights
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import itde
+from itde.interop import _hf_lm
+from itde_solvers import RK4, Strang
+
+VOCAB = 40
+COMMON = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=2, eos_token_id=3)
+MAX = 64  # the position limit of every tiny model
+
+
+def _build(family):
+    if family == "gpt2":
+        config = tf.GPT2Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, n_positions=MAX,
+                               **COMMON)  # fmt: skip
+        cls = tf.GPT2LMHeadModel
+    elif family == "llama":  # grouped-query attention, RoPE, head_dim != width / heads
+        config = tf.LlamaConfig(
+            hidden_size=8, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=6, intermediate_size=12, max_position_embeddings=MAX, **COMMON,
+        )  # fmt: skip
+        cls = tf.LlamaForCausalLM
+    elif family == "mistral":  # a window of 4 tokens, much shorter than the sequences
+        config = tf.MistralConfig(
+            hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=12, sliding_window=4, max_position_embeddings=MAX, **COMMON,
+        )  # fmt: skip
+        cls = tf.MistralForCausalLM
+    else:  # parallel attention and feed-forward, partial rotary
+        config = tf.GPTNeoXConfig(
+            hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=20,
+            rotary_pct=0.5, max_position_embeddings=MAX, use_parallel_residual=True, **COMMON,
+        )  # fmt: skip
+        cls = tf.GPTNeoXForCausalLM
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = spread_hf_weights(cls(config)).double().eval()
+    lm = itde.from_hf(model)
+    return model, lm, itde.split_layers(lm.base.equation)
+
+
+FAMILIES = ("gpt2", "llama", "mistral", "neox")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {f: _build(f) for f in FAMILIES}
+
+
+# one compilation per model structure and window length
+LOGITS = jax.jit(lambda lm, ids: lm.logits(ids))
+
+
+@eqx.filter_jit
+def _prefill(lm, layers, window, filled):
+    eq = lm.base.equation
+    u, cache = itde.prefill(eq, layers, lm.base.embed(window), filled)
+    return lm.project(eq.output(u)), cache
+
+
+@eqx.filter_jit
+def _step(lm, layers, window, cache):
+    """One token decoded against the cache: the token at position `cache.length`."""
+    u = jax.lax.dynamic_slice_in_dim(lm.base.embed(window), cache.length, 1)
+    eq = lm.base.equation
+    h, cache = itde.decode(eq, layers, u, cache)
+    return lm.project(eq.output(h)[0]), cache
+
+
+def _check_cached_equals_uncached(lm, layers, ids, prompt_len, max_length):
+    window = np.zeros((max_length,), np.int32)
+    window[: len(ids)] = ids
+    window = jnp.asarray(window)
+    pre, cache = _prefill(lm, layers, window, jnp.asarray(prompt_len, jnp.int32))
+    dec = []
+    for _ in range(len(ids) - prompt_len):
+        row, cache = _step(lm, layers, window, cache)
+        dec.append(np.asarray(row))
+    ref = np.asarray(LOGITS(lm, jnp.asarray(ids)))
+    assert int(cache.length) == len(ids)
+    # the prefill's rows of the prompt, then each decoded token's row
+    np.testing.assert_allclose(np.asarray(pre)[:prompt_len], ref[:prompt_len], rtol=0,
+                               atol=1e-12)  # fmt: skip
+    if dec:
+        np.testing.assert_allclose(np.stack(dec), ref[prompt_len:], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_logits_equal_uncached_float64(models, family):
+    _, lm, layers = models[family]
+    ids = np.random.RandomState(1).randint(4, VOCAB, size=13).astype(np.int32)
+    _check_cached_equals_uncached(lm, layers, ids, prompt_len=5, max_length=16)
+
+
+@pytest.mark.parametrize(
+    "family", ["gpt2", "llama", pytest.param("mistral", marks=pytest.mark.slow),
+               pytest.param("neox", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_cached_greedy_generation_is_transformers(models, family):
+    model, lm, _ = models[family]
+    prompt = np.random.RandomState(2).randint(4, VOCAB, size=5).astype(np.int32)
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = model.generate(torch.as_tensor(prompt[None]).long(), do_sample=False,
+                             max_new_tokens=11, pad_token_id=1)[0].numpy()  # fmt: skip
+    got = lm.generate(prompt, 11, cache=True, max_length=16, chunk=4, eos_token_id=3)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.slow
+def test_sampling_with_cache_draws_the_uncached_tokens(models):
+    _, lm, _ = models["llama"]
+    prompt = np.array([5, 9, 7], np.int32)
+    kw = dict(key=jax.random.key(3), temperature=0.9, top_k=10, top_p=0.9, max_length=16)
+    np.testing.assert_array_equal(
+        lm.generate(prompt, 12, cache=True, **kw), lm.generate(prompt, 12, cache=False, **kw)
+    )
+
+
+def test_one_compilation_per_model_and_max_length(models):
+    _, lm, _ = models["gpt2"]
+    before = (eqx.debug.get_num_traces(_hf_lm._prefill_traced),
+              eqx.debug.get_num_traces(_hf_lm._draw_cached_traced))  # fmt: skip
+    for prompt, n in (([5, 6], 3), ([7, 8, 9, 10, 11], 6), ([4], 9)):
+        lm.generate(np.array(prompt, np.int32), n, max_length=20, chunk=4)  # cache: default
+    after = (eqx.debug.get_num_traces(_hf_lm._prefill_traced),
+             eqx.debug.get_num_traces(_hf_lm._draw_cached_traced))  # fmt: skip
+    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None)
+@given(prompt_len=st.sampled_from([1, 2, 7, 49]), extra=st.integers(0, 4),
+       max_length=st.sampled_from([56, MAX]))  # fmt: skip
+def test_cached_equals_uncached_over_lengths(models, prompt_len, extra, max_length):
+    """Prompt lengths (odd ones included) and window lengths: the cache's masks read the
+    filled positions only, whatever the filler after them (Mistral: the sliding window
+    of 4 tokens slides along the cache)."""
+    _, lm, layers = models["mistral"]
+    n = prompt_len + extra
+    ids = np.random.RandomState(n).randint(4, VOCAB, size=n).astype(np.int32)
+    _check_cached_equals_uncached(lm, layers, ids, prompt_len, max_length)
+
+
+# ------------------------------------------------------------------ refusals
+def test_rk4_and_adaptive_steps_are_refused_by_name(models):
+    _, lm, _ = models["gpt2"]
+    eq = lm.base.equation
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=Strang: .*RK4's stages 2 "
+                       r"and 3 share one\), so the keys cannot be indexed"):  # fmt: skip
+        itde.check_cacheable(eq, 16, solver=Strang())
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=RK4 on per-layer controls"):
+        itde.check_cacheable(eq, 16, solver=RK4(), dt0=1.0)
+    with pytest.raises(itde.NotCacheableError, match=r"`stepsize_controller`=PIDController: "
+                       r"an adaptive controller chooses the depth steps from the error of the "
+                       r"whole sequence"):  # fmt: skip
+        itde.check_cacheable(
+            eq, 16, stepsize_controller=diffrax.PIDController(rtol=1e-3, atol=1e-3)
+        )
+    with pytest.raises(itde.NotCacheableError, match=r"`dt0`=0.5: .*one Lie step per layer"):
+        itde.check_cacheable(eq, 16, dt0=0.5)
+    assert itde.check_cacheable(eq, 16) is None
+
+
+def _native(tokens_rule, controls="piecewise"):
+    eq = itde.TransformerIDE.init(
+        jax.random.key(0), n_features=8, n_heads=2, n_layers=2, causal=True,
+        block="pre_norm", grid=itde.Grid(tokens_rule, itde.Midpoint(), 8),
+    )  # fmt: skip
+    if controls != "piecewise":
+        eq = eqx.tree_at(
+            lambda e: e.controls,
+            eq,
+            itde.LegendreControls.from_layers(eq, 2, block=eq.block),
+        )
+    return eq
+
+
+@pytest.fixture(scope="module")
+def continuous():
+    """A native pre-norm causal model with smooth (Legendre) controls, float64."""
+    return _native(itde.Midpoint(), "legendre")
+
+
+@eqx.filter_jit
+def _rk_prefill(eq, u0, length):
+    return itde.prefill(eq, None, u0, length, solver=RK4(), dt0=1.0)
+
+
+@eqx.filter_jit
+def _rk_decode(eq, u0, cache):
+    u = jax.lax.dynamic_slice_in_dim(u0, cache.length, 1)
+    return itde.decode(eq, None, u, cache, solver=RK4(), dt0=1.0)
+
+
+def test_continuous_rk4_cached_equals_the_uncached_diffrax_solve(continuous):
+    """RK4 at dt0 = 0.5 on smooth controls (4 steps x 4 stages of cached keys): the prefill
+    and every decoded token equal `itde.solve(eq, u0, solver=RK4(), dt0=1.0)` (diffrax's
+    own Runge-Kutta loop over the whole sequence) to 1e-12."""
+    eq = continuous
+    itde.check_cacheable(eq, 12, solver=RK4(), dt0=1.0)
+    assert itde.n_evaluations(eq, RK4(), 1.0) == 8
+    u0 = jax.random.normal(jax.random.key(5), (12, 8), jnp.float64)
+    ref = np.asarray(itde.solve(eq, u0, solver=RK4(), dt0=1.0).ys[-1])
+    u, cache = _rk_prefill(eq, u0, 7)
+    np.testing.assert_allclose(np.asarray(u)[:7], ref[:7], rtol=0, atol=1e-12)
+    for p in range(7, 12):
+        h, cache = _rk_decode(eq, u0, cache)
+        np.testing.assert_allclose(np.asarray(h)[0], ref[p], rtol=0, atol=1e-12)
+    # the cache is what makes it right: a decode that reads no earlier key differs
+    blank = eqx.tree_at(lambda c: c.keys, cache, tuple(k * 0 for k in cache.keys))
+    blank = eqx.tree_at(lambda c: c.length, blank, jnp.asarray(11, jnp.int32))
+    h, _ = _rk_decode(eq, u0, blank)
+    assert np.max(np.abs(np.asarray(h)[0] - ref[11])) > 1e-6
+
+
+def test_volterra_rules_and_continuous_controls_are_refused_by_name():
+    with pytest.raises(itde.NotCacheableError, match=r"is not the unit grid: its nodes and "
+                       r"Volterra weights for the earlier tokens change with the number of "
+                       r"tokens N"):  # fmt: skip
+        itde.check_cacheable(_native(itde.Trapezoid()), 16)
+    assert itde.check_cacheable(_native(itde.Midpoint()), 16) is None
+    with pytest.raises(itde.NotCacheableError, match=r"controls of type LegendreControls are "
+                       r"smooth in depth"):  # fmt: skip
+        itde.check_cacheable(_native(itde.Midpoint(), "legendre"), 16)
+    with pytest.raises(itde.NotCacheableError, match=r"`solver`=RK4 needs a fixed step `dt0`"):
+        itde.check_cacheable(_native(itde.Midpoint(), "legendre"), 16, solver=RK4())
+
+
+def test_non_causal_model_is_refused_and_cache_true_raises(models):
+    _, lm, _ = models["gpt2"]
+    eq = dataclasses.replace(lm.base.equation, causal=False)
+    with pytest.raises(itde.NotCacheableError, match=r"the model is not causal"):
+        itde.check_cacheable(eq, 16)
+    with pytest.raises(ValueError, match=r"`cache`='yes' must be None"):
+        lm.generate(np.array([5], np.int32), 2, cache="yes")
+    grid = itde.Grid(itde.Trapezoid(), itde.Midpoint(), lm.base.equation.n_features)
+    volterra = eqx.tree_at(lambda m: m.base.equation.grid, lm, grid)
+    with pytest.raises(itde.NotCacheableError, match=r"Trapezoid.* is not the unit grid"):
+        volterra.generate(np.array([5], np.int32), 2, cache=True)
+
+
+# ------------------------------------------------------------------ itde sample
+def _charlm(**model):
+    from itde.train import TASKS, TrainExperiment, from_dict
+
+    cfg = from_dict(TrainExperiment, {
+        "model": {"n_layers": 2, "n_features": 8, "n_heads": 2, "n_hidden": 8, **model},
+        "task": {"name": "charlm", "context": 8},
+    })  # fmt: skip
+    task = TASKS["charlm"](cfg.task)
+    return task.init_model(cfg.model, jax.random.key(3), dtype=jnp.float64), task.itos
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [dict(block="pre_norm"),
+                                   dict(block="pre_norm", scheme="rk4", dt=0.5)])  # fmt: skip
+def test_itde_sample_with_cache_draws_the_uncached_text(model):
+    """Pre-norm causal charlm models, float64, discrete and continuous (RK4 on smooth
+    controls): the same text with and without the cache, greedy and sampled, past the
+    point where the window (8 tokens) is full and slides."""
+    from itde.train import _sample as sampler
+    from itde.train import sample_stream
+
+    model, itos = _charlm(**model)
+    assert sampler.cacheable(model, 8)
+    for kw in (dict(temperature=0.0), dict(temperature=0.9, top_k=5, seed=4)):
+        cached = "".join(sample_stream(model, itos, "the", 13, chunk=5, cache=True, **kw))
+        plain = "".join(sample_stream(model, itos, "the", 13, chunk=5, cache=False, **kw))
+        assert cached == plain and len(cached) == 13
+
+
+def test_itde_sample_falls_back_for_post_norm_rk4_and_refuses_cache_true():
+    from itde.train import _sample as sampler
+    from itde.train import sample_stream
+
+    model, itos = _charlm(block="post_norm", scheme="rk4", dt=0.5)
+    assert not sampler.cacheable(model, 8)
+    with pytest.raises(itde.NotCacheableError, match=r"a post-norm equation lives on a "
+                       r"constraint set"):  # fmt: skip
+        next(sample_stream(model, itos, "the", 3, cache=True))
