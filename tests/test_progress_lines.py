@@ -220,3 +220,26 @@ def test_full_study_runs_on_a_tiny_model(tmp_path, capsys):
     assert r["reference"]["dt"] == pytest.approx(1 / 128)
     err = capsys.readouterr().err
     assert "[1/21] reference" in err and "[21/21] took" in err
+
+
+def test_gallery_stages_say_each_item_before_its_work(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
+    sys.modules.pop("_gallery", None)
+    import _gallery
+
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    seen = []
+    for item in _gallery.each_stage("demo", ["a", "b", "c"], [1, 2, 3], ["A", "B", "C"],
+                                    [True, False, False]):  # fmt: skip
+        seen.append((item, err.getvalue().splitlines()[-1]))
+    assert seen == [("a", "demo: [1/3] A ..."), ("b", "demo: [2/3] B ..."),
+                    ("c", "demo: [3/3] C ...")]  # fmt: skip
+    lines = err.getvalue().splitlines()
+    assert re.fullmatch(r"demo: \[1/3\] took .+; about .+ in all, .+ left", lines[1])
+    assert lines[-1].startswith("demo: [3/3] took ") and len(lines) == 6
+    with pytest.raises(ValueError, match=r"stage 'B': `cost`=0 must be > 0"):
+        list(_gallery.each_stage("demo", ["a", "b"], [1, 0], ["A", "B"]))
