@@ -46,6 +46,30 @@ def check_out(p: argparse.ArgumentParser, args) -> Path:
     return out
 
 
+def stages(desc: str, costs, *, compiles=None, enabled: bool = True):
+    """A line per stage of an experiment on stderr, with an estimate of the whole after the
+    first (`itde`'s progress lines): `costs` the relative cost of each stage (e.g. its
+    steps), `compiles` whether each compiles first (default: none). Use as
+    `for stage in plan: with st.stage(name, cost, compiles, remaining): ...`, or through
+    `each_stage`."""
+    from itde._progress import Stages
+
+    costs = list(costs)
+    return Stages(desc, len(costs), float(sum(costs)), enabled=enabled)
+
+
+def each_stage(desc: str, items, costs, names, compiles=None, enabled: bool = True):
+    """Yield each of `items` inside its stage (see `stages`): its line before the work, its
+    time and the estimate of the whole after it."""
+    items, costs, names = list(items), list(costs), list(names)
+    compiles = [False] * len(items) if compiles is None else list(compiles)
+    st = stages(desc, costs, enabled=enabled)
+    for k, item in enumerate(items):
+        rest = list(zip(costs[k + 1 :], compiles[k + 1 :], strict=True))
+        with st.stage(names[k], costs[k], compiles[k], remaining=rest):
+            yield item
+
+
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 

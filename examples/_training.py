@@ -58,12 +58,17 @@ class Trainer:
         model, opt_state = place(model, run.replicated), place(opt_state, run.replicated)
         t0 = time.perf_counter()
         loss = None
+        from itde._progress import progress_bar
+
+        bar = progress_bar(self.cfg.optim.steps, f"seed {seed}", leave=False)
         for i in range(self.cfg.optim.steps):
             model, opt_state, loss = self.step(model, opt_state, run.batch(i))
+            bar.update()
             if i == 0:
                 jax.block_until_ready(loss)
                 t1 = time.perf_counter()
         jax.block_until_ready(loss)
+        bar.close()
         t2 = time.perf_counter()
         timing = {
             "first_step_s": t1 - t0,

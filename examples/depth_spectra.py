@@ -98,7 +98,7 @@ def make_config(tiny: bool, steps: int | None = None) -> TrainExperiment:
     if steps is not None:
         d["optim"]["steps"] = steps
     n = d["optim"]["steps"]
-    d["run"].update(progress=False, log_every=max(1, n // 6), eval_every=n,
+    d["run"].update(progress=not tiny, log_every=max(1, n // 6), eval_every=n,
                     checkpoint_every=n)  # fmt: skip
     return from_dict(TrainExperiment, d, f"{CONFIG} ({NAME})")
 

@@ -64,7 +64,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gallery import check_out, log, parser, save, verdict, write_json
+from _gallery import check_out, each_stage, log, parser, save, verdict, write_json
 
 import itde
 from itde._plot import series_style
@@ -205,39 +205,41 @@ def main(argv=None) -> dict:
         f"projected RK4 dt = {dt}"
     )
     cases = []
-    for d in dims:
-        for beta in betas:
-            ts, inner, times, drift, extra = run_case(d, beta, seeds, n, t1, dt, n_save)
-            finite = [t for t in times if math.isfinite(t)]
-            energy, merges = extra["energy"], extra["last_merge"]
-            cases.append(
-                {
-                    "d": d,
-                    "beta": beta,
-                    "final_min_inner": inner[:, -1].tolist(),
-                    "time_to_cluster": times,
-                    "median_time": float(np.median(times)),
-                    "clustered_fraction": len(finite) / len(times),
-                    "max_norm_drift": drift,
-                    "curve_median": np.median(inner, axis=0).tolist(),
-                    # E_beta after every step of dt: its largest decrease (0: monotone)
-                    "energy_violation": energy["violation"].tolist(),
-                    "energy_violation_over_max": (energy["violation"] / energy["max"]).tolist(),
-                    "energy_initial": energy["initial"].tolist(),
-                    "energy_final": energy["final"].tolist(),
-                    # cluster_count(tol=MERGE_TOL) reaches 1: the last merge
-                    "last_merge_time": merges,
-                    "median_last_merge_time": float(np.median(merges)),
-                    "clusters_median": np.median(extra["clusters"], axis=0).tolist(),
-                }
-            )
-            log(
-                f"d={d} beta={beta:5.1f}: min <xi,xj> at t={t1:g}: "
-                f"{np.min(inner[:, -1]):.6f} (worst seed), clustered {len(finite)}/{seeds}, "
-                f"median time to cluster {np.median(times):.1f}, median last merge "
-                f"{np.median(merges):.1f}; largest energy decrease per step "
-                f"{np.max(energy['violation']):.2e} (max E {np.max(energy['max']):.4g})"
-            )
+    grid = [(d, beta) for d in dims for beta in betas]
+    names = [f"d={d}, beta={beta:g}: {seeds} seeds to t={t1:g}" for d, beta in grid]
+    firsts = [i == 0 or grid[i - 1][0] != d for i, (d, _) in enumerate(grid)]  # compiles
+    for d, beta in each_stage("particles", grid, [1] * len(grid), names, firsts):
+        ts, inner, times, drift, extra = run_case(d, beta, seeds, n, t1, dt, n_save)
+        finite = [t for t in times if math.isfinite(t)]
+        energy, merges = extra["energy"], extra["last_merge"]
+        cases.append(
+            {
+                "d": d,
+                "beta": beta,
+                "final_min_inner": inner[:, -1].tolist(),
+                "time_to_cluster": times,
+                "median_time": float(np.median(times)),
+                "clustered_fraction": len(finite) / len(times),
+                "max_norm_drift": drift,
+                "curve_median": np.median(inner, axis=0).tolist(),
+                # E_beta after every step of dt: its largest decrease (0: monotone)
+                "energy_violation": energy["violation"].tolist(),
+                "energy_violation_over_max": (energy["violation"] / energy["max"]).tolist(),
+                "energy_initial": energy["initial"].tolist(),
+                "energy_final": energy["final"].tolist(),
+                # cluster_count(tol=MERGE_TOL) reaches 1: the last merge
+                "last_merge_time": merges,
+                "median_last_merge_time": float(np.median(merges)),
+                "clusters_median": np.median(extra["clusters"], axis=0).tolist(),
+            }
+        )
+        log(
+            f"d={d} beta={beta:5.1f}: min <xi,xj> at t={t1:g}: "
+            f"{np.min(inner[:, -1]):.6f} (worst seed), clustered {len(finite)}/{seeds}, "
+            f"median time to cluster {np.median(times):.1f}, median last merge "
+            f"{np.median(merges):.1f}; largest energy decrease per step "
+            f"{np.max(energy['violation']):.2e} (max E {np.max(energy['max']):.4g})"
+        )
     study_cfg = TINY_STEP_STUDY if args.tiny else STEP_STUDY
     study = energy_step_study(dims[0], betas, n, study_cfg, n_save if args.tiny else 2)
     for row in study:

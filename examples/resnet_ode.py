@@ -55,7 +55,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _gallery import log, parser, save, slope, verdict, write_json
+from _gallery import each_stage, log, parser, save, slope, verdict, write_json
 
 import itde
 
@@ -191,7 +191,8 @@ def main(argv=None) -> dict:
 
     ref_smooth = ode_smooth(smooth, u0s)
     rows = []
-    for N in depths:
+    names = [f"depth N = {N}" for N in depths]
+    for N in each_stage("resnet_ode", depths, depths, names, [N == depths[0] for N in depths]):
         n = jnp.asarray(N)
         ts = jnp.arange(N + 1, dtype=jnp.float64) / N
         knots_smooth = pad(jax.vmap(smooth)(ts), n_max + 1)

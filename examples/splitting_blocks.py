@@ -48,7 +48,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from _gallery import log, parser, save, verdict, write_json
+from _gallery import each_stage, log, parser, save, verdict, write_json
 from _training import Trainer, config, n_params
 
 SCHEMES = {  # name -> ([model] keys, evaluations per forward pass (attention, feed-forward))
@@ -127,28 +127,32 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     seeds = (0,) if args.tiny else (0, 1, 2)
     results = []
-    for task, (path, task_kw, width, optim) in task_configs(args.tiny).items():
-        for scheme, (model_kw, evals) in SCHEMES.items():
-            cfg = config(path, task=task_kw, model={**width, **model_kw}, optim=optim)
-            trainer = Trainer(cfg)
-            metric = trainer.first.task.metric
-            log(f"{task} / {scheme}: {cfg.optim.steps} steps, seeds {seeds}")
-            runs = [trainer.run(s, log) for s in seeds]
-            values = [m[metric] for _, m, _, _ in runs]
-            results.append(
-                {
-                    "task": task,
-                    "scheme": scheme,
-                    "metric": metric,
-                    "values": values,
-                    "mean": statistics.fmean(values),
-                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                    "params": n_params(runs[0][0]),
-                    "attention_evals": evals[0],
-                    "feedforward_evals": evals[1],
-                    "s_per_step": statistics.median(t["s_per_step"] for _, _, t, _ in runs),
-                }
-            )
+    plan = [(task, c, scheme, s) for task, c in task_configs(args.tiny).items()
+            for scheme, s in SCHEMES.items()]  # fmt: skip
+    costs = [c[3]["steps"] * len(seeds) * sum(s[1]) for _, c, _, s in plan]  # steps x evals
+    names = [f"{task} / {scheme}: {len(seeds)} seed(s)" for task, _, scheme, _ in plan]
+    for task, c, scheme, s in each_stage("splitting_blocks", plan, costs, names):
+        (path, task_kw, width, optim), (model_kw, evals) = c, s
+        cfg = config(path, task=task_kw, model={**width, **model_kw}, optim=optim)
+        trainer = Trainer(cfg)
+        metric = trainer.first.task.metric
+        log(f"{task} / {scheme}: {cfg.optim.steps} steps, seeds {seeds}")
+        runs = [trainer.run(s, log) for s in seeds]
+        values = [m[metric] for _, m, _, _ in runs]
+        results.append(
+            {
+                "task": task,
+                "scheme": scheme,
+                "metric": metric,
+                "values": values,
+                "mean": statistics.fmean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "params": n_params(runs[0][0]),
+                "attention_evals": evals[0],
+                "feedforward_evals": evals[1],
+                "s_per_step": statistics.median(t["s_per_step"] for _, _, t, _ in runs),
+            }
+        )
 
     # -------------------------------------------------------------- table
     tasks = list(dict.fromkeys(r["task"] for r in results))

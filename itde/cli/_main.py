@@ -105,14 +105,15 @@ def cmd_converge(args) -> int:
         if args.config is not None or args.axis is not None or args.set:
             raise ValueError(
                 "`--config`/`--axis`/`--set` set up the built-in test problem; a model study "
-                "(`--checkpoint` / `--hf`) takes `--steps`, `--inputs` and `--text` instead."
+                "(`--checkpoint` / `--hf`) takes `--steps` (or `--full`), `--inputs` and "
+                "`--text` instead."
             )
         from ._model_study import cmd_model_study
 
         return cmd_model_study(args)
-    if args.steps is not None or args.text is not None:
+    if args.steps is not None or args.text is not None or args.full:
         raise ValueError(
-            "`--steps`/`--text` are options of a model study; give `--checkpoint DIR` or "
+            "`--steps`/`--text`/`--full` are options of a model study; give `--checkpoint DIR` or "
             "`--hf DIR` (the built-in problem takes its steps from [study] steps)."
         )
     import jax
@@ -247,9 +248,13 @@ def _add_converge(sub) -> None:
     p.add_argument("--inputs", type=int, default=8, metavar="N", help="--checkpoint/--hf: "
                    "how many inputs (default %(default)s)")
     p.add_argument("--steps", type=int, nargs="+", metavar="N", help="--checkpoint/--hf: "
-                   "steps per layer (default 1 2 4 8 16 32)")
+                   "steps per layer (default 1 2 4 8)")
+    p.add_argument("--full", action="store_true", help="--checkpoint/--hf: the full study, "
+                   "--steps 1 2 4 8 16 32 (its Dopri8 reference at 128 steps per layer: "
+                   "about 4x the default's solver steps)")
     add_set_option(p, "'study.steps=[4, 8, 16]'")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar and "
+                   "the stage lines")
     p.set_defaults(func=cmd_converge)
 
 

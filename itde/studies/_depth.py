@@ -87,17 +87,17 @@ def reference_solution(model, u0, rtol, atol, max_steps):
 
 def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     """Run the study and return the JSON-ready result (see `itde converge`)."""
-    from .._progress import progress_bar
+    from .._progress import progress_bar, stage_line
 
     if not jax.config.jax_enable_x64:
         raise RuntimeError("the convergence study runs in float64: enable jax_enable_x64 first.")
     p, r, s = cfg.problem, cfg.reference, cfg.study
     model, u0 = build_problem(p)
     t_start = time.perf_counter()
-    ref, ref_steps = reference_solution(
-        model, u0, r.rtol, r.atol, r.max_steps
-    )
-    ref.block_until_ready()
+    what = f"reference solve (projected Dopri8, adaptive, rtol={r.rtol:g}, to T={p.t1:g})"
+    with stage_line("depth convergence", what, enabled=progress):
+        ref, ref_steps = reference_solution(model, u0, r.rtol, r.atol, r.max_steps)
+        ref.block_until_ready()
     reference = {
         "solver": "projected Dopri8 (PIDController)",
         "rtol": r.rtol,
@@ -113,7 +113,8 @@ def run_depth_study(cfg: ConvergeExperiment, progress: bool = True) -> dict:
     if s.pre_norm_schemes:
         # the same controls, normalisation inside the operators: an ODE with no constraint
         pre = dataclasses.replace(model, block=PreNorm())
-        pre_ref, pre_steps = reference_solution(pre, u0, r.rtol, r.atol, r.max_steps)
+        with stage_line("depth convergence", "pre-norm " + what, enabled=progress):
+            pre_ref, pre_steps = reference_solution(pre, u0, r.rtol, r.atol, r.max_steps)
         reference["pre_norm_steps"] = int(pre_steps)
         results += _scheme_rows(
             pre, u0, pre_ref, s.pre_norm_schemes, dts, max(s.steps), bar, prefix="pre_norm/"

@@ -86,6 +86,15 @@ def _final(model, u0, mask, dt, name: str, max_steps: int):
     return jax.vmap(model.output)(sol.ys[-1])
 
 
+def solve_cost(scheme: str, depth: float, dt: float) -> float:
+    """The cost of a constant-step solve, for progress estimates: its steps times the
+    stages of the scheme's Butcher tableau (1 for a splitting; compilation not counted)."""
+    solver = SCHEMES[scheme].make()
+    tableau = getattr(getattr(solver, "solver", solver), "tableau", None)
+    stages = 1 if tableau is None else len(tableau.c) + 1
+    return math.ceil(depth / dt - 1e-9) * stages
+
+
 def model_depth_study(
     equation: TransformerIDE,
     u0,
@@ -135,7 +144,7 @@ def model_depth_study(
     `"network"` (its scheme, step and relative distance to the limit), `"reference"`
     and `"model"`.
     """
-    from .._progress import progress_bar
+    from .._progress import Stages
 
     schemes, steps = tuple(schemes), tuple(steps)
     _check(equation, u0, schemes, steps, network, reference_refinement, asymptotic)
@@ -159,30 +168,52 @@ def model_depth_study(
         y = _final(model, u0, mask, jnp.asarray(dt, jnp.float64), name, max_steps)
         return np.asarray(readout(y, mask))
 
-    bar = progress_bar(2 + len(schemes) * len(steps), "model depth study", enabled=progress)
-    ref = run(form, "dopri8", ref_dt)
-    coarse = run(form, "dopri8", 2 * ref_dt)
-    bar.update(2)
     net_scheme, net_dt = network[0], h0 if network[1] is None else float(network[1])
-    net = run(equation, net_scheme, net_dt)
+    depth = float(equation.depth)
+    plan = [  # (what, model, scheme, dt): every solve of the study, in order
+        ("reference", form, "dopri8", ref_dt),
+        ("reference at 2 dt (its own error)", form, "dopri8", 2 * ref_dt),
+        ("the network", equation, net_scheme, net_dt),
+    ] + [(f"{name}, dt={h0 / n:.4g}", form, name, h0 / n) for name in schemes for n in steps]
+    costs = [solve_cost(name, depth, dt) for _, _, name, dt in plan]
+    # a solve compiles when its (model, scheme) is new (`_final` traces the step)
+    seen, compiles = set(), []
+    for _, model, name, _ in plan:
+        compiles.append((id(model), name) not in seen)
+        seen.add((id(model), name))
+    stages = Stages("model depth study", len(plan), sum(costs), enabled=progress)
+    stages.write(
+        f"{len(plan)} solves of {int(u0.shape[0])} inputs x {int(u0.shape[1])} tokens "
+        f"(schemes {', '.join(schemes)} at {', '.join(map(str, steps))} steps per "
+        f"{'layer' if isinstance(equation.controls, PiecewiseConstant) else 'unit of depth'}"
+        f"; Dopri8 reference at dt={ref_dt:.4g})"
+    )
+    outs, errors = [], []  # the reference, its check and the network; each scheme's errors
+    for k, (what, model, name, dt) in enumerate(plan):
+        label = what if k >= 3 else f"{what} ({SCHEMES[name].label}, dt={dt:.4g})"
+        n = math.ceil(depth / dt - 1e-9)
+        rest = list(zip(costs[k + 1 :], compiles[k + 1 :], strict=True))
+        with stages.stage(f"{label}, {n} steps", costs[k], compiles[k], remaining=rest):
+            y = run(model, name, dt)
+        if k < 3:
+            outs.append(y)
+        else:  # compared at once: a model's readouts (logits) are not all kept
+            errors.append(_relative(y, outs[0]))
+    ref, coarse, net = outs
     rows = []
-    for name in schemes:
-        dts, errors = [h0 / n for n in steps], []
-        for dt in dts:
-            errors.append(_relative(run(form, name, dt), ref))
-            bar.set_postfix(scheme=name)
-            bar.update()
+    for i, name in enumerate(schemes):
+        dts = [h0 / n for n in steps]
+        errs = errors[i * len(steps) : (i + 1) * len(steps)]
         rows.append(
             {
                 "scheme": name,
                 "label": SCHEMES[name].label,
                 "expected_order": float(SCHEMES[name].order),
-                "observed_order": study_order(dts, errors, asymptotic=asymptotic),
+                "observed_order": study_order(dts, errs, asymptotic=asymptotic),
                 "dt": dts,
-                "errors": errors,
+                "errors": errs,
             }
         )
-    bar.close()
     controls = equation.controls
     result = {
         "axis": "depth",
