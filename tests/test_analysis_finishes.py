@@ -134,3 +134,37 @@ def test_cli_reports_unconverged_exponents(tmp_path, capsys):
 def test_cli_refuses_bad_iteration_flags(tmp_path, capsys, argv, said):
     assert main(["analyze", "--out", str(tmp_path / "x"), *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_leading_spectra_are_numpys_leading_values_gated_gqa():
+    """The report's spectra (power iterations, no full SVD) against NumPy's dense values on a
+    gated feed-forward with grouped-query attention (query head m reads key head m // 2)."""
+    from itde.analysis._spectra import leading_spectra
+
+    m = itde.TransformerIDE.init(jax.random.key(13), n_layers=2, n_features=8, n_heads=4,
+                                 n_hidden=12, gated=True, n_kv_heads=2)  # fmt: skip
+    m = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx_float(a) else a, m)
+    sp = leading_spectra(m)
+    for n in range(2):
+        layer = m.controls.layer(n)
+        att, ff = layer.attention, layer.feedforward
+        for h in range(4):
+            qk = np.asarray(att.wq[h]) @ np.asarray(att.wk[h // 2]).T
+            vo = np.asarray(att.wv[h // 2]) @ np.asarray(att.wo[h])
+            want = np.abs(np.linalg.eigvals(qk)).max()
+            assert float(sp.qk_max_abs_eigenvalue[n, h]) == pytest.approx(want, rel=1e-9)
+            assert float(sp.qk_spectral_norm[n, h]) == pytest.approx(
+                np.linalg.norm(qk, 2), rel=1e-9
+            )
+            assert float(sp.vo_spectral_norm[n, h]) == pytest.approx(
+                np.linalg.norm(vo, 2), rel=1e-9
+            )
+        w1, w2 = np.asarray(ff.w1), np.asarray(ff.w2)
+        assert float(sp.w1_spectral_norm[n]) == pytest.approx(np.linalg.norm(w1, 2), rel=1e-9)
+        assert float(sp.w2_spectral_norm[n]) == pytest.approx(np.linalg.norm(w2, 2), rel=1e-9)
+        want = np.abs(np.linalg.eigvals(w1 @ w2)).max()
+        assert float(sp.w1w2_max_abs_eigenvalue[n]) == pytest.approx(want, rel=1e-9)
+
+
+def eqx_float(a):
+    return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)

@@ -34,7 +34,7 @@ from ._common import equation_of
 from ._flow import FlowMap
 from ._geometry import geometry_along
 from ._sensitivity import lyapunov_spectrum
-from ._spectra import spectra
+from ._spectra import leading_spectra
 from ._token_exponents import (
     AbstractTokenExponent,
     as_token_exponent,
@@ -233,15 +233,15 @@ def analyze(
     }
     network = isinstance(eq.controls, PiecewiseConstant)
     starts = ts[:-1]
-    sp = spectra(eq, starts)
+    sp = leading_spectra(eq, starts)  # the leading values only: see leading_spectra
     spec = {
         "depths": _floats(starts),
-        "qk_max_abs_eigenvalue": _floats(jnp.abs(sp.qk_eigenvalues)[..., 0]),
-        "qk_spectral_norm": _floats(sp.qk_singular_values[..., 0]),
-        "vo_spectral_norm": _floats(sp.vo_singular_values[..., 0]),
-        "w1_spectral_norm": _floats(sp.w1_singular_values[..., 0]),
-        "w2_spectral_norm": _floats(sp.w2_singular_values[..., 0]),
-        "w1w2_max_abs_eigenvalue": _floats(jnp.abs(sp.w1w2_eigenvalues)[..., 0]),
+        "qk_max_abs_eigenvalue": _floats(sp.qk_max_abs_eigenvalue),
+        "qk_spectral_norm": _floats(sp.qk_spectral_norm),
+        "vo_spectral_norm": _floats(sp.vo_spectral_norm),
+        "w1_spectral_norm": _floats(sp.w1_spectral_norm),
+        "w2_spectral_norm": _floats(sp.w2_spectral_norm),
+        "w1w2_max_abs_eigenvalue": _floats(sp.w1w2_max_abs_eigenvalue),
     }
     out = {
         "depths": _floats(ts),
@@ -249,7 +249,7 @@ def analyze(
         "inputs": int(ys.shape[0]),
         "tokens": int(ys.shape[2]),
         "features": int(ys.shape[3]),
-        "heads": int(sp.qk_eigenvalues.shape[1]),
+        "heads": int(sp.qk_spectral_norm.shape[1]),
         "dtype": str(ys.dtype),
         "geometry": geometry,
         "spectra": spec,
