@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_int
 from .._controls import PiecewiseConstant
 from .._operators._mask import key_mask
 from .._solve import solve
@@ -33,7 +34,7 @@ from ._common import equation_of
 from ._flow import FlowMap
 from ._geometry import geometry_along
 from ._sensitivity import lyapunov_spectrum
-from ._spectra import spectra
+from ._spectra import leading_spectra
 from ._token_exponents import (
     AbstractTokenExponent,
     as_token_exponent,
@@ -136,6 +137,9 @@ def analyze(
     token_target: str | int = "last",
     token_exponent: AbstractTokenExponent | str = "exact",
     key=None,
+    max_iters: int = 100,
+    rtol: float | None = None,
+    block_size: int | None = None,
 ) -> dict:
     r"""Every quantity of `itde.analysis` against depth, as a JSON-able dict.
 
@@ -163,6 +167,11 @@ def analyze(
       al.'s QR iteration over $I + \Delta t\, J$ of the per-layer vector field,
       [`TongExponent`][itde.analysis.TongExponent]), or such a module.
     - `key`: the PRNG key of the power iterations' random starts.
+    - `max_iters`, `rtol`, `block_size`: the iterations' cap, tolerance and block size, as
+      in [`lyapunov_spectrum`][itde.analysis.lyapunov_spectrum] (`block_size` at most
+      `features`: the token exponents iterate on blocks of that many columns). An iteration
+      that has not met `rtol` within `max_iters` never raises: its estimate is reported with
+      its residual and `converged: false`.
 
     **Returns:** a dict with `"depths"` (the saved depths $t_0 < \dots < t_K$),
     `"layer_boundaries"` (a network's, else `[]`), `"inputs"`, `"tokens"`, `"features"`,
@@ -184,6 +193,10 @@ def analyze(
       `token_target`; None on padding), `token_target` (the index, or the name) and
       `token_exponent` (the definition's name in
       [`TOKEN_EXPONENTS`][itde.analysis.TOKEN_EXPONENTS]).
+      Each estimate carries its convergence: `residual` and `converged` per interval (the
+      relative residual of the leading pair, see `lyapunov_spectrum`), the same in
+      `whole_depth` with its `n_iterations`, `token_residuals` and `token_converged` (the
+      token exponents' batch), and `all_converged` (all of them).
     - `"wall_s"`: the wall-clock seconds spent.
 
     **Cost:** one batched solve saving the states; a geometry evaluation per saved depth
@@ -197,18 +210,11 @@ def analyze(
     eq = equation_of(model)
     ts = report_depths(eq, depths)
     u0, mask = _batch(u0, mask)
+    iteration = _check_iteration(max_iters, rtol, block_size, u0)
     fixed = dict(solver=solver, dt0=dt0, terms=terms)
     save = diffrax.SaveAt(ts=jnp.asarray(ts, dtype=jnp.result_type(float)))
 
-    def one(u, m):
-        ys = solve(eq, u, saveat=save, args=m, **fixed).ys
-        assert ys is not None
-        return ys.astype(u.dtype)
-
-    if mask is None:
-        ys = jax.jit(jax.vmap(lambda u: one(u, None)))(u0)
-    else:
-        ys = jax.jit(jax.vmap(one))(u0, mask)
+    ys = _solve_all(eq, u0, mask, save, fixed)
     ts_arr = jnp.asarray(ts, dtype=ys.dtype)
     per_input = [
         geometry_along(eq, ts_arr, ys[i], None if mask is None else mask[i], tol=tol)
@@ -227,15 +233,15 @@ def analyze(
     }
     network = isinstance(eq.controls, PiecewiseConstant)
     starts = ts[:-1]
-    sp = spectra(eq, starts)
+    sp = leading_spectra(eq, starts)  # the leading values only: see leading_spectra
     spec = {
         "depths": _floats(starts),
-        "qk_max_abs_eigenvalue": _floats(jnp.abs(sp.qk_eigenvalues)[..., 0]),
-        "qk_spectral_norm": _floats(sp.qk_singular_values[..., 0]),
-        "vo_spectral_norm": _floats(sp.vo_singular_values[..., 0]),
-        "w1_spectral_norm": _floats(sp.w1_singular_values[..., 0]),
-        "w2_spectral_norm": _floats(sp.w2_singular_values[..., 0]),
-        "w1w2_max_abs_eigenvalue": _floats(jnp.abs(sp.w1w2_eigenvalues)[..., 0]),
+        "qk_max_abs_eigenvalue": _floats(sp.qk_max_abs_eigenvalue),
+        "qk_spectral_norm": _floats(sp.qk_spectral_norm),
+        "vo_spectral_norm": _floats(sp.vo_spectral_norm),
+        "w1_spectral_norm": _floats(sp.w1_spectral_norm),
+        "w2_spectral_norm": _floats(sp.w2_spectral_norm),
+        "w1w2_max_abs_eigenvalue": _floats(sp.w1w2_max_abs_eigenvalue),
     }
     out = {
         "depths": _floats(ts),
@@ -243,15 +249,67 @@ def analyze(
         "inputs": int(ys.shape[0]),
         "tokens": int(ys.shape[2]),
         "features": int(ys.shape[3]),
-        "heads": int(sp.qk_eigenvalues.shape[1]),
+        "heads": int(sp.qk_spectral_norm.shape[1]),
         "dtype": str(ys.dtype),
         "geometry": geometry,
         "spectra": spec,
     }
     if lyapunov:
-        out["lyapunov"] = _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent)
+        out["lyapunov"] = _lyapunov(
+            eq, ts, ys, mask, fixed, key, token_target, token_exponent, iteration
+        )
     out["wall_s"] = time.perf_counter() - start
     return out
+
+
+@eqx.filter_jit
+def _solve_all(eq, u0, mask, save, fixed):
+    """The states at the report's depths, `[inputs, depths, tokens, features]` (one
+    compilation per model structure and shape, shared by every report)."""
+
+    def one(u, m):
+        ys = solve(eq, u, saveat=save, args=m, **fixed).ys
+        assert ys is not None
+        return ys.astype(u.dtype)
+
+    if mask is None:
+        return jax.vmap(lambda u: one(u, None))(u0)
+    return jax.vmap(one)(u0, mask)
+
+
+@eqx.filter_jit
+def _leading(flow, u, key, mask, max_iters, rtol, block_size):
+    """The leading singular value of one flow map's Jacobian; `max_iters` and `rtol` traced
+    (one compilation per flow structure serves every report and every interval)."""
+    return lyapunov_spectrum(flow, u, 1, mask=mask, key=key, throw=False, max_iters=max_iters,
+                             rtol=rtol, block_size=block_size)  # fmt: skip
+
+
+@eqx.filter_jit
+def _tokens(flow, u, key, mask, max_iters, rtol, block_size, target, method):
+    return token_lyapunov_exponents(flow, u, target=target, mask=mask, key=key, method=method,
+                                    throw=False, max_iters=max_iters, rtol=rtol,
+                                    block_size=block_size)  # fmt: skip
+
+
+def _check_iteration(max_iters, rtol, block_size, u0) -> dict:
+    """The iterations' options, checked before any solve (clear errors naming each)."""
+    from ._sensitivity import _check_block, _check_max_iters, _check_rtol
+
+    d = int(u0.shape[-1])
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
+        if block_size > d:
+            raise ValueError(
+                f"`block_size`={block_size} exceeds the {d} features: the token exponents "
+                f"iterate on blocks of `features` columns; give block_size <= {d}."
+            )
+        _check_block(block_size, 1, d)
+    return {
+        "max_iters": _check_max_iters(max_iters),
+        "rtol": _check_rtol(rtol, u0.dtype),
+        "block_size": block_size,
+    }
 
 
 def _layer_equations(eq, ts):
@@ -277,17 +335,24 @@ def _layer_equations(eq, ts):
     ]
 
 
-def _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent) -> dict:
+def _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent, iteration) -> dict:
     """The leading exponent over each interval and the whole depth, and the token
-    exponents, for the first input."""
+    exponents, for the first input; never raising on an iteration short of its tolerance
+    (each estimate reports its residual and whether it converged)."""
     key = jax.random.key(0) if key is None else key
     m = None if mask is None else mask[0]
     opts = dict(solver=fixed["solver"], dt0=fixed["dt0"], terms=fixed["terms"])
-    leading = eqx.filter_jit(
-        lambda flow, u, k: lyapunov_spectrum(flow, u, 1, mask=m, key=k)
-    )  # one compilation for every flow map of the same structure
+    it = (
+        jnp.asarray(iteration["max_iters"], jnp.int32),
+        jnp.asarray(iteration["rtol"], ys.dtype),
+        iteration["block_size"],
+    )
+
+    def leading(flow, u, k):
+        return _leading(flow, u, k, m, *it)
+
     layers = _layer_equations(eq, ts)
-    lead, sig, intervals = [], [], []
+    lead, sig, intervals, res, conv = [], [], [], [], []
     for i, (s, t) in enumerate(zip(ts[:-1], ts[1:], strict=True)):
         if layers is not None:  # layer i alone, at the same depths as layer 0: one compile
             flow = FlowMap(layers[i], float(ts[0]), float(ts[1]), **opts)
@@ -298,27 +363,32 @@ def _lyapunov(eq, ts, ys, mask, fixed, key, token_target, token_exponent) -> dic
         r = leading(flow, ys[0, i], jax.random.fold_in(key, i))
         lead.append(float(r.exponents[0]))
         sig.append(float(r.singular_values[0]))
+        res.append(float(r.residuals[0]))
+        conv.append(bool(r.converged))
         intervals.append([float(s), float(t)])
     whole = FlowMap(eq, float(ts[0]), float(ts[-1]), **opts)
     r = leading(whole, ys[0, 0], key)  # compiled: op by op, the solves dispatch slowly
     if isinstance(token_target, str) and token_target == "last":
         token_target = int(ys.shape[2] - 1 if m is None else int(np.flatnonzero(m)[-1]))
-    tokens = eqx.filter_jit(
-        lambda flow, u, k: token_lyapunov_exponents(
-            flow, u, target=token_target, mask=m, key=k, method=token_exponent
-        )
-    )
-    tok = tokens(whole, ys[0, 0], key)
+    tok = _tokens(whole, ys[0, 0], key, m, *it, token_target, token_exponent)
     return {
         "intervals": intervals,
         "leading_exponent": _floats(lead),
         "leading_singular_value": _floats(sig),
+        "residual": _floats(res),
+        "converged": conv,
         "whole_depth": {
             "interval": [float(ts[0]), float(ts[-1])],
             "leading_exponent": _floats(r.exponents[0]),
             "leading_singular_value": _floats(r.singular_values[0]),
+            "residual": _floats(r.residuals[0]),
+            "converged": bool(r.converged),
+            "n_iterations": int(r.n_iterations),
         },
         "token_exponents": _floats(tok.exponents[:, 0]),
+        "token_residuals": _floats(tok.residuals[:, 0]),
+        "token_converged": bool(tok.converged),
+        "all_converged": all(conv) and bool(r.converged) and bool(tok.converged),
         "token_target": token_target,
         "token_exponent": token_exponent_name(token_exponent),
     }

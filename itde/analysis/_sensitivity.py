@@ -264,15 +264,38 @@ def _token_result(flow, sig, res, real, iters, ok, n_jvps, n_vjps) -> TokenExpon
 
 # --------------------------------------------------------------------------- the engine
 def _orth(V):
-    """Orthonormal rows spanning the rows of `V` `[batch, p, n]` (QR; order kept)."""
+    r"""Orthonormal rows spanning the rows of `V` `[batch, p, n]` (QR; order kept)."""
     Q, _ = jnp.linalg.qr(jnp.swapaxes(V, -1, -2))
     return jnp.swapaxes(Q, -1, -2)
 
 
+def _orthonormal_rows(B, JB, AB, ref):
+    r"""Orthonormal rows spanning the rows of `B` `[batch, q, n]` (with their images `JB`,
+    `AB` under $J$ and $J^\top J$ mapped alike), by two passes of an eigendecomposition of
+    the Gram matrix; directions below $\sqrt{\varepsilon}$ times `ref` `[batch]` (the rows'
+    scale) are dropped as zero rows (their images zero too)."""
+    dtype = B.dtype
+    cut = 10 * jnp.sqrt(jnp.finfo(dtype).eps).astype(dtype)
+    for _ in range(2):
+        G = jnp.einsum("bin,bjn->bij", B, B)
+        e, U = jnp.linalg.eigh(G)
+        s = jnp.sqrt(jnp.maximum(e, 0))
+        keep = s > cut * ref[:, None]
+        C = jnp.where(keep[:, None, :], U / jnp.where(keep, s, 1)[:, None, :], 0)
+        B, JB, AB = (jnp.einsum("bij,bin->bjn", C, x) for x in (B, JB, AB))
+        ref = jnp.ones_like(ref)
+    return B, JB, AB
+
+
 def _subspace_iteration(apply, V0, m, k, rtol, max_iters, active):
-    """Block power iteration with Rayleigh–Ritz on a batch of operators $J_b$.
+    r"""Block Krylov iteration with Rayleigh–Ritz on a batch of operators $J_b$.
 
     `apply(V)` maps a block `[batch, p, n]` to `(J V [batch, p, m], J^T J V [batch, p, n])`.
+    Each iteration applies $J$ and $J^\top$ to one new block $R$ (the Ritz residuals
+    $J^\top J X - X \Sigma^2$, orthonormalised) and takes the Ritz pairs of $J$ on the
+    span of the current Ritz vectors $X$, $R$ and the previous Ritz vectors (LOBPCG's three
+    blocks, whose images are all known: no more products than a power step, but a
+    Chebyshev-like rate instead of the power iteration's $(\sigma_{p+1}/\sigma_i)^2$).
     Returns `(sigma [batch, p], X [batch, p, n], Y [batch, p, m], residuals [batch, p],
     iterations, converged)`: Ritz values (descending), right and left vectors, relative
     residuals (see `lyapunov_spectrum`), for the last block whose pairs were checked.
@@ -282,31 +305,54 @@ def _subspace_iteration(apply, V0, m, k, rtol, max_iters, active):
     floor = jnp.sqrt(jnp.finfo(dtype).eps).astype(dtype)
     tiny = jnp.finfo(dtype).tiny
 
-    def body(state):
-        i, V, *_ = state
-        W, Z = apply(V)
-        P, sig, L = jnp.linalg.svd(W, full_matrices=False)  # W = P diag(sig) L
-        X = jnp.einsum("bij,bin->bjn", P, V)  # Ritz vectors: J X_j = sig_j L_j
-        Y = jnp.einsum("bij,bin->bjn", P, Z)  # J^T J X_j
+    def ritz(B, JB, AB):
+        """The `p` leading Ritz pairs of $J$ on the span of `B`'s orthonormal rows."""
+        P, sig, L = jnp.linalg.svd(JB, full_matrices=False)  # JB = P diag(sig) L
+        P, sig, L = P[..., :p], sig[..., :p], L[..., :p, :]
+        X = jnp.einsum("bij,bin->bjn", P, B)  # J X_j = sig_j L_j
+        Y = jnp.einsum("bij,bin->bjn", P, AB)  # J^T J X_j
         top = sig[:, :1]
         r = jnp.linalg.norm(Y - (sig**2)[..., None] * X, axis=-1)
         res = r / jnp.maximum(top * jnp.maximum(sig, floor * top), tiny)
         done = jnp.all((res[:, :k] <= rtol) | ~active[:, None])
-        return i + 1, _orth(Y), sig, X, L, res, done
+        return X, sig, L, Y, res, done
+
+    def body(state):
+        i, X, sig, L, Y, Xp, JXp, AXp, res, _ = state
+        R = Y - (sig**2)[..., None] * X  # the residual block (zero at i = 0: X unset)
+        R = jnp.where(i == 0, V0, R)
+        R = R / jnp.maximum(jnp.linalg.norm(R, axis=-1, keepdims=True), tiny)
+        JX = sig[..., None] * L
+        R, _, _ = _orthonormal_rows(R, R, R, jnp.ones((batch,), dtype))
+        # R against X (and again): then R's images come from one apply
+        for _ in range(2):
+            R = R - jnp.einsum("bij,bjn->bin", jnp.einsum("bin,bjn->bij", R, X), X)
+        R, _, _ = _orthonormal_rows(R, R, R, jnp.ones((batch,), dtype))
+        JR, AR = apply(R)
+        B = jnp.concatenate([X, R, Xp], axis=1)
+        JB = jnp.concatenate([JX, JR, JXp], axis=1)
+        AB = jnp.concatenate([Y, AR, AXp], axis=1)
+        B, JB, AB = _orthonormal_rows(B, JB, AB, jnp.ones((batch,), dtype))
+        Xn, sig_n, L_n, Y_n, res_n, done = ritz(B, JB, AB)
+        return i + 1, Xn, sig_n, L_n, Y_n, X, JX, Y, res_n, done
 
     def cond(state):
         return (state[0] < max_iters) & ~state[-1]
 
+    zeros_n = jnp.zeros((batch, p, n), dtype)
     init = (
         jnp.zeros((), jnp.int32),
-        _orth(V0),
+        zeros_n,
         jnp.zeros((batch, p), dtype),
-        jnp.zeros((batch, p, n), dtype),
         jnp.zeros((batch, p, m), dtype),
+        zeros_n,
+        zeros_n,
+        jnp.zeros((batch, p, m), dtype),
+        zeros_n,
         jnp.full((batch, p), jnp.inf, dtype),
         jnp.zeros((), bool),
     )
-    i, _, sig, X, L, res, done = jax.lax.while_loop(cond, body, init)
+    i, X, sig, L, _, _, _, _, res, done = jax.lax.while_loop(cond, body, init)
     return sig, X, L, res, i, done
 
 

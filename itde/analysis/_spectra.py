@@ -334,3 +334,106 @@ def spectra(model, ts=None) -> Spectra:
         w1w2_eigenvalues=fs["w1w2"],
         w_gate_singular_values=fs.get("w_gate"),
     )
+
+
+class LeadingSpectra(eqx.Module):
+    r"""The leading values of [`Spectra`][itde.analysis.Spectra] at each depth, what
+    [`analyze`][itde.analysis.analyze] reports: `qk_max_abs_eigenvalue`,
+    `qk_spectral_norm`, `vo_spectral_norm` `[depths, heads]`, `w1_spectral_norm`,
+    `w2_spectral_norm`, `w1w2_max_abs_eigenvalue` `[depths]`."""
+
+    qk_max_abs_eigenvalue: Float[Array, "depths heads"]
+    qk_spectral_norm: Float[Array, "depths heads"]
+    vo_spectral_norm: Float[Array, "depths heads"]
+    w1_spectral_norm: Float[Array, " depths"]
+    w2_spectral_norm: Float[Array, " depths"]
+    w1w2_max_abs_eigenvalue: Float[Array, " depths"]
+
+
+#: The power iteration of `leading_spectra`: its cap and its relative tolerance on the value.
+LEADING_MAX_ITERS, LEADING_RTOL = 1000, 1e-12
+
+
+def _spectral_norm(mv, rmv, n: int, dtype):
+    r"""$\|M\|_2$ by power iteration on $M^\top M$ from matrix-vector products alone (`mv`:
+    $v \mapsto M v$, `rmv`: $w \mapsto M^\top w$), stopped when the value changes by less
+    than `LEADING_RTOL` relatively (no LAPACK call: see `leading_spectra`)."""
+    v0 = jnp.cos(jnp.arange(n, dtype=dtype) * 0.7 + 0.3)  # a fixed start, generic
+
+    def body(state):
+        i, v, s, _ = state
+        w = mv(v)
+        s_new = jnp.linalg.norm(w)
+        z = rmv(w)
+        v = z / jnp.maximum(jnp.linalg.norm(z), jnp.finfo(dtype).tiny)
+        return i + 1, v, s_new, jnp.abs(s_new - s) <= LEADING_RTOL * s_new
+
+    def cond(state):
+        return (state[0] < LEADING_MAX_ITERS) & ~state[3]
+
+    init = (jnp.zeros((), jnp.int32), v0 / jnp.linalg.norm(v0), jnp.zeros((), dtype),
+            jnp.zeros((), bool))  # fmt: skip
+    return jax.lax.while_loop(cond, body, init)[2]
+
+
+def _product_norm(a, b):
+    """$\\|a b^\\top\\|_2$ for `a` `[d, e]`, `b` `[d, e]`, by products with `a`, `b`."""
+    return _spectral_norm(lambda v: a @ (b.T @ v), lambda w: b @ (a.T @ w), a.shape[0], a.dtype)
+
+
+def _plain_norm(w):
+    return _spectral_norm(lambda v: w @ v, lambda z: w.T @ z, w.shape[1], w.dtype)
+
+
+@eqx.filter_jit
+def _leading_at(eq: TransformerIDE, ts):
+    fw = eq.feature_weights()
+
+    def one(t):
+        att, hw = eq.controls(t, "right", "attention").discretise(eq.grid)
+        ff, zw = eq.controls(t, "right", "feedforward").discretise(eq.grid)
+        dtype = jnp.result_type(att.wq.dtype, jnp.float32)
+        d, e = att.wq.shape[1:]
+        sw = _sqrt_weights_traced(fw, dtype)
+        sh = _sqrt_weights_traced(hw, dtype)
+        rep = att.wq.shape[0] // att.wk.shape[0]
+        wk, wv = (jnp.repeat(w.astype(dtype), rep, axis=0) for w in (att.wk, att.wv))
+        qa, qb = _scale(att.wq.astype(dtype), sw, sh), _scale(wk, sw, sh)
+        va, vb = _scale(wv, sw, sh), _scale(jnp.swapaxes(att.wo.astype(dtype), -1, -2), sw, sh)
+        # the nonzero eigenvalues of a b^T are those of b^T a (e x e: small, one per head)
+        small = jnp.swapaxes(qb, -1, -2) @ qa if e <= d else qa @ jnp.swapaxes(qb, -1, -2)
+        qk_eig = jnp.max(jnp.abs(jax.lax.map(jnp.linalg.eigvals, small)), axis=-1)
+        qk = jax.lax.map(lambda x: _product_norm(*x), (qa, qb))
+        vo = jax.lax.map(lambda x: _product_norm(*x), (va, vb))
+        sz = _sqrt_weights_traced(zw, dtype)
+        w1, w2 = ff.w1.astype(dtype), ff.w2.astype(dtype)
+        n1, n2 = _plain_norm(_scale(w1, sw, sz)), _plain_norm(_scale(w2, sz, sw))
+        fa, fb = _scale(w1, sw, sz), _scale(jnp.swapaxes(w2, -1, -2), sw, sz)
+        ff_small = fb.T @ fa if fa.shape[1] <= fa.shape[0] else fa @ fb.T
+        return qk_eig, qk, vo, n1, n2, jnp.max(jnp.abs(jnp.linalg.eigvals(ff_small)))
+
+    return jax.lax.map(one, ts)  # one depth at a time: LAPACK calls never run side by side
+
+
+def _sqrt_weights_traced(w, dtype):
+    return None if w is None else jnp.sqrt(jnp.asarray(w, dtype))
+
+
+def leading_spectra(model, ts=None) -> LeadingSpectra:
+    r"""The leading values of [`spectra`][itde.analysis.spectra] (same arguments): each
+    head's largest eigenvalue modulus and spectral norm of $W^Q {W^K}^\top$, the spectral
+    norm of $W^V W^O$, those of the feed-forward's kernels and the largest eigenvalue
+    modulus of $W_1 W_2$, at each depth: what [`analyze`][itde.analysis.analyze] reports.
+
+    **Why.** `spectra` takes every singular value (LAPACK's SVD of each $d \times d_\mathrm{ff}$
+    kernel) and runs the depths' and heads' decompositions as batched LAPACK calls, which
+    XLA's CPU runtime may run side by side on its thread pool; jaxlib's batched LAPACK
+    kernels then wait on each other (a hang observed at SmolLM2's size on two cores).
+    Here the spectral norms are power iterations of matrix products (to `LEADING_RTOL`),
+    the depths run one at a time, and only the small $e \times e$ and $d \times d$
+    eigenproblems call LAPACK.
+    """
+    eq = equation_of(model)
+    depths = _depths(eq, ts)
+    out = _leading_at(eq, jnp.asarray(depths, dtype=jnp.result_type(float)))
+    return LeadingSpectra(*out)

@@ -50,6 +50,24 @@ def _solver(model, scheme: str, dt: float, dt_flag: str):
     return {"solver": s.make(), "dt0": dt, "terms": s.terms}
 
 
+def _check_iteration_flags(args) -> None:
+    """`--max-iters`, `--rtol`, `--block-size`: checked before any model is read."""
+    if args.max_iters < 1:
+        raise ValueError(
+            f"`--max-iters`={args.max_iters} must be a positive number of iterations, e.g. 100."
+        )
+    if args.rtol is not None and not 1e-15 <= args.rtol < 1:
+        raise ValueError(
+            f"`--rtol`={args.rtol:g} must be in [1e-15, 1) (a relative residual, in float64), "
+            "e.g. 1e-6 (the default) or 1e-3 for a quicker, rougher estimate."
+        )
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(
+            f"`--block-size`={args.block_size} must be a positive number of vectors (at most "
+            "the model's features), e.g. 4."
+        )
+
+
 def cmd_analyze(args) -> int:
     import jax
 
@@ -74,6 +92,7 @@ def cmd_analyze(args) -> int:
             f"`--exponent {args.exponent}` chooses the token exponents, which --no-lyapunov "
             "skips; drop one of the two."
         )
+    _check_iteration_flags(args)
     if args.text is not None and args.hf is None:
         raise ValueError("`--text` gives the inputs of a --hf model; add `--hf DIR` or drop it.")
     from ..analysis._token_exponents import as_token_exponent
@@ -108,6 +127,7 @@ def cmd_analyze(args) -> int:
 
     report = analyze(model, u0, mask, depths=args.depths, tol=args.tol,
                      lyapunov=not args.no_lyapunov, token_exponent=exponent,
+                     max_iters=args.max_iters, rtol=args.rtol, block_size=args.block_size,
                      **fixed)  # fmt: skip
     report["source"] = {"path": str(source), "model": name, "scheme": scheme, "dt": dt}
     print(f"itde analyze ({source}): {name}; depth integrator {scheme}, dt={dt:g}; "
@@ -150,6 +170,19 @@ def format_report(report: dict) -> str:
             f"{_fmt(g['mean_cosine'][i], '9.4f')} {_fmt(g['min_cosine'][i], '9.4f')} "
             f"{_fmt(g['n_clusters'][i], '8.1f')} {_fmt(e, '8.3f')} {_fmt(qk, '11.4g')} "
             f"{_fmt(vo, '8.4g')} {_fmt(lam, '9.4f')}"
+        )
+    if lyap and not lyap["all_converged"]:
+        short = [f"[{s:g}, {t:g}] (residual {_fmt(r, '.2g')})" for (s, t), r, ok in
+                 zip(lyap["intervals"], lyap["residual"], lyap["converged"], strict=True)
+                 if not ok]  # fmt: skip
+        w = lyap["whole_depth"]
+        if not w["converged"]:
+            short.append(f"whole depth (residual {_fmt(w['residual'], '.2g')})")
+        if not lyap["token_converged"]:
+            short.append("token exponents")
+        lines.append(
+            "not converged within --max-iters (estimates shown; converged: false in the "
+            "JSON): " + ", ".join(short) + "; raise --max-iters or --block-size, or loosen --rtol"
         )
     if lyap:
         w = lyap["whole_depth"]
@@ -213,6 +246,14 @@ def add_analyze(sub) -> None:
                    "blocks of the flow's Jacobian) or 'tong' (Tong et al.'s QR iteration over "
                    "I + dt J of each layer's vector field, the identity on every block) "
                    "(default %(default)s)")  # fmt: skip
+    p.add_argument("--max-iters", type=int, default=100, metavar="N", help="the exponents' "
+                   "block iterations stop after N iterations; an estimate short of --rtol is "
+                   "reported with its residual and converged: false "
+                   "(default %(default)s)")  # fmt: skip
+    p.add_argument("--rtol", type=float, metavar="TOL", help="the exponents' relative "
+                   "residual tolerance (default: 1e-6, in float64)")  # fmt: skip
+    p.add_argument("--block-size", type=int, metavar="P", help="the exponents' block of "
+                   "vectors, at most the features (default: 4)")  # fmt: skip
     p.add_argument("--no-lyapunov", action="store_true", help="skip the Lyapunov exponents "
                    "(the costly part: one power iteration per interval)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output directory, created if missing "

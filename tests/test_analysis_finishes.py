@@ -1,0 +1,170 @@
+"""`itde.analysis.analyze` and `itde analyze` finish: an iteration short of its tolerance
+is reported (its estimate, residual and `converged: false`), never raised; with enough
+iterations the values are the dense Jacobian's (`jax.jacrev`, as the solve is a custom VJP;
+`jnp.linalg.svd`)."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import itde
+from itde.analysis import analyze
+from itde.cli import main
+
+N, D, L = 5, 6, 2  # tokens, features, layers
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = itde.TransformerIDE.init(jax.random.key(11), n_layers=L, n_features=D, n_heads=2,
+                                 n_hidden=8)  # fmt: skip
+    u0 = jax.random.normal(jax.random.key(12), (1, N, D), jnp.float64)
+    return m, u0
+
+
+@pytest.fixture(scope="module")
+def short(model):
+    """One iteration: far from the default tolerance."""
+    m, u0 = model
+    return analyze(m, u0, max_iters=1, block_size=2, token_target="all")["lyapunov"]
+
+
+@pytest.fixture(scope="module")
+def full(model):
+    m, u0 = model
+    return analyze(m, u0, max_iters=300, block_size=2, token_target="all")["lyapunov"]
+
+
+def _dense(f, u):
+    return np.asarray(jax.jacrev(f)(u)).reshape(u.size, u.size)
+
+
+def test_one_iteration_reports_its_estimate_unconverged(short):
+    assert short["converged"] == [False] * L and not short["whole_depth"]["converged"]
+    assert not short["token_converged"] and not short["all_converged"]
+    assert short["whole_depth"]["n_iterations"] == 1
+    for r in [*short["residual"], short["whole_depth"]["residual"], *short["token_residuals"]]:
+        assert math.isfinite(r) and r > 1e-6  # above the float64 default tolerance
+    assert all(math.isfinite(v) for v in short["leading_exponent"])
+
+
+def test_enough_iterations_converge_to_the_dense_values(model, full):
+    m, u0 = model
+    u = u0[0]
+    assert full["converged"] == [True] * L and full["whole_depth"]["converged"]
+    assert full["token_converged"] and full["all_converged"]
+    assert max(full["residual"]) <= 1e-6 and max(full["token_residuals"]) <= 1e-6
+    states = m.trajectory(u)
+    for n in range(L):  # layer n's map u(n) -> u(n+1)
+        j = _dense(lambda v, n=n: itde.analysis.FlowMap(m, float(n), float(n + 1))(v), states[n])
+        s1 = float(jnp.linalg.svd(j, compute_uv=False)[0])
+        assert full["leading_singular_value"][n] == pytest.approx(s1, rel=1e-9)
+    whole = _dense(lambda v: m.trajectory(v)[-1], u)
+    s1 = float(jnp.linalg.svd(whole, compute_uv=False)[0])
+    assert full["whole_depth"]["leading_singular_value"] == pytest.approx(s1, rel=1e-9)
+    # the token exponents towards the whole output: token i's columns of the whole Jacobian
+    cols = whole.reshape(N * D, N, D)
+    want = [np.log(float(jnp.linalg.svd(cols[:, i], compute_uv=False)[0])) / L for i in range(N)]
+    np.testing.assert_allclose(full["token_exponents"], want, rtol=1e-9)
+
+
+def test_short_estimates_are_ritz_values_below_the_converged(short, full):
+    for a, b in zip(short["leading_singular_value"], full["leading_singular_value"], strict=True):
+        assert a <= b * (1 + 1e-12)
+    assert short["whole_depth"]["leading_singular_value"] <= full["whole_depth"][
+        "leading_singular_value"
+    ] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "said"),
+    [
+        (dict(max_iters=0), ValueError, "`max_iters`=0"),
+        (dict(max_iters=2.5), TypeError, "`max_iters`=2.5 must be an integer"),
+        (dict(rtol=2.0), ValueError, "`rtol`=2.0 must be in"),
+        (dict(block_size=0), ValueError, "`block_size`=0"),
+        (dict(block_size=D + 1), ValueError, f"`block_size`={D + 1} exceeds the {D} features"),
+    ],
+)
+def test_analyze_refuses_bad_iteration_options(model, kwargs, error, said):
+    m, u0 = model
+    with pytest.raises(error, match=said.replace("[", r"\[")):
+        analyze(m, u0, **kwargs)
+
+
+SOLVE = """
+[model]
+n_layers = 2
+n_features = 6
+n_heads = 2
+n_hidden = 8
+[solve]
+n_tokens = 5
+"""
+
+
+@pytest.mark.runs("analyze --config")
+def test_cli_reports_unconverged_exponents(tmp_path, capsys):
+    cfg = tmp_path / "solve.toml"
+    cfg.write_text(SOLVE)
+    out = tmp_path / "an"
+    argv = ["analyze", "--config", str(cfg), "--inputs", "1", "--max-iters", "1",
+            "--block-size", "2", "--rtol", "1e-8", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "not converged within --max-iters" in printed and "whole depth (residual" in printed
+    ly = json.loads((out / "analysis.json").read_text())["lyapunov"]
+    assert ly["converged"] == [False, False] and ly["whole_depth"]["n_iterations"] == 1
+    assert all(r > 1e-8 for r in ly["residual"]) and not ly["all_converged"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--max-iters", "0"], "`--max-iters`=0 must be a positive number of iterations"),
+        (["--rtol", "1.5"], "`--rtol`=1.5 must be in [1e-15, 1)"),
+        (["--rtol", "0"], "`--rtol`=0 must be in [1e-15, 1)"),
+        (["--block-size", "0"], "`--block-size`=0 must be a positive number of vectors"),
+    ],
+)
+def test_cli_refuses_bad_iteration_flags(tmp_path, capsys, argv, said):
+    assert main(["analyze", "--out", str(tmp_path / "x"), *argv]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_leading_spectra_are_numpys_leading_values_gated_gqa():
+    """The report's spectra (power iterations, no full SVD) against NumPy's dense values on a
+    gated feed-forward with grouped-query attention (query head m reads key head m // 2)."""
+    from itde.analysis._spectra import leading_spectra
+
+    m = itde.TransformerIDE.init(jax.random.key(13), n_layers=2, n_features=8, n_heads=4,
+                                 n_hidden=12, gated=True, n_kv_heads=2)  # fmt: skip
+    m = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx_float(a) else a, m)
+    sp = leading_spectra(m)
+    for n in range(2):
+        layer = m.controls.layer(n)
+        att, ff = layer.attention, layer.feedforward
+        for h in range(4):
+            qk = np.asarray(att.wq[h]) @ np.asarray(att.wk[h // 2]).T
+            vo = np.asarray(att.wv[h // 2]) @ np.asarray(att.wo[h])
+            want = np.abs(np.linalg.eigvals(qk)).max()
+            assert float(sp.qk_max_abs_eigenvalue[n, h]) == pytest.approx(want, rel=1e-9)
+            assert float(sp.qk_spectral_norm[n, h]) == pytest.approx(
+                np.linalg.norm(qk, 2), rel=1e-9
+            )
+            assert float(sp.vo_spectral_norm[n, h]) == pytest.approx(
+                np.linalg.norm(vo, 2), rel=1e-9
+            )
+        w1, w2 = np.asarray(ff.w1), np.asarray(ff.w2)
+        assert float(sp.w1_spectral_norm[n]) == pytest.approx(np.linalg.norm(w1, 2), rel=1e-9)
+        assert float(sp.w2_spectral_norm[n]) == pytest.approx(np.linalg.norm(w2, 2), rel=1e-9)
+        want = np.abs(np.linalg.eigvals(w1 @ w2)).max()
+        assert float(sp.w1w2_max_abs_eigenvalue[n]) == pytest.approx(want, rel=1e-9)
+
+
+def eqx_float(a):
+    return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)
