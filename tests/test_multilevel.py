@@ -5,6 +5,8 @@ resume across a switch, bit for bit, and `itde eval --dt` at a coarser step."""
 
 import dataclasses
 import json
+import tomllib
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -28,13 +30,20 @@ from itde.train import (
     train,
 )
 
-TINY = {
-    "task": {"name": "sort", "length": 5, "vocab": 6, "eval_size": 16},
-    "model": {"n_layers": 4, "n_features": 8, "n_heads": 2, "n_hidden": 16},
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "multilevel.toml"
+# configs/multilevel.toml at a tiny size (the README's command with these `--set`s)
+SMALL = {
+    "task": {"context": 8, "eval_size": 16},
+    "model": {"n_features": 8, "n_heads": 2, "n_hidden": 16},
     "optim": {"steps": 6, "batch_size": 8, "warmup": 1, "lr": 1e-2},
     "run": {"log_every": 1, "eval_every": 3, "checkpoint_every": 1, "progress": False},
-    "multilevel": {"layers": [2, 4], "shares": [0.5, 0.5]},
 }
+SETS = [f"{t}.{k}={json.dumps(v)}" for t, kv in SMALL.items() for k, v in kv.items()]
+TINY = tomllib.loads(CONFIG.read_text())
+for _t, _kv in SMALL.items():
+    TINY[_t].update(_kv)
+del TINY["run"]["out"]
 
 
 def _cfg(**tables):
@@ -256,3 +265,15 @@ def test_eval_at_a_coarser_step(full_run, capsys):
     run = Run(_cfg())
     want = evaluate(ref, run.eval_chunks(), run.task)
     assert want and all(row[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())
+
+
+@pytest.mark.runs("train charlm")
+def test_the_config_file_runs_as_the_readme_says(full_run, tmp_path):
+    """`itde train --config configs/multilevel.toml` (tiny `--set`s) is the fixture's run:
+    the same losses, bit for bit."""
+    from itde.cli._main import main
+
+    out = tmp_path / "cli"
+    assert main(["train", "--config", str(CONFIG), "--out", str(out), "--no-progress",
+                 *[x for s in SETS for x in ("--set", s)]]) == 0  # fmt: skip
+    assert [r["loss"] for r in _rows(out)] == [r["loss"] for r in _rows(full_run[1])]
