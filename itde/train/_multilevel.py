@@ -112,8 +112,14 @@ RESTRICTIONS: dict[str, AbstractRestriction] = {
     "odd": Injection(-1),
     "mean": GroupMean(),
 }
+"""Restrictions of per-layer controls by name (`[multilevel] restriction`): `"even"` the
+first layer of each group of r (0, 2, 4, ... for r = 2), `"odd"` the last, `"mean"` their
+mean."""
 #: Prolongations of per-layer controls by name (`[multilevel] prolongation`).
 PROLONGATIONS: dict[str, AbstractProlongation] = {"copy": Copy(), "linear": Linear()}
+"""Prolongations of per-layer controls by name (`[multilevel] prolongation`): `"copy"`
+repeats coarse layer k on its r fine layers, `"linear"` interpolates between the coarse
+layers' midpoints."""
 
 
 # ----------------------------------------------------------------------- moments
@@ -149,6 +155,8 @@ class ResetMoments(AbstractMoments):
 
 #: What a level switch does to the optimiser's moments (`[multilevel] moments`).
 MOMENTS: dict[str, AbstractMoments] = {"transfer": TransferMoments(), "reset": ResetMoments()}
+"""What a level switch does to Adam's moments (`[multilevel] moments`): `"transfer"` maps
+them as the parameters, `"reset"` restarts them at zero; the step counts are kept."""
 
 
 # ----------------------------------------------------------------------- transfer
@@ -235,8 +243,12 @@ def coarsen(model, dt: float, restriction: str | AbstractRestriction = "even"):
 # ----------------------------------------------------------------------- schedule
 @dataclasses.dataclass(frozen=True)
 class LevelSchedule:
-    """The depth step of each training step: phase `i` runs at `dts[i]` for the steps
-    `[ends[i-1], ends[i])` (`ends[-1]` = the run's steps)."""
+    """The depth step of each training step.
+
+    - `dts`: the depth step of each phase, in order.
+    - `ends`: the step at which each phase ends: phase `i` runs the training steps
+      `[ends[i-1], ends[i])` (`ends[-1]` = the run's steps).
+    """
 
     dts: tuple[float, ...]
     ends: tuple[int, ...]
