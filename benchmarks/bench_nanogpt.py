@@ -411,11 +411,11 @@ def run_variant(init: ItdeGPT, name: str, spec: dict, s: dict, windows, chunks,
 
 
 # ----------------------------------------------------------------------- one seed
-def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), with_torch=True,
-             log=print) -> dict:  # fmt: skip
+def stream(corpus: TokenCorpus, s: dict, seed: int):
+    """The token stream of a seed, drawn once and fed to every model: `windows[i]` is
+    batch i (`[steps, batch, context + 1]`), and the fixed validation `chunks`."""
     B, T, steps = s["batch"], s["context"], s["steps"]
     key = jax.random.key(seed)
-    # the token stream, drawn once and fed to both: batch i is windows[i]
     starts = np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (steps, B), 0,
                                            len(corpus.train) - T))  # fmt: skip
     windows = np.asarray(corpus.train[starts[..., None] + np.arange(T + 1)], np.int32)
@@ -423,6 +423,13 @@ def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), with_torch=Tr
                                             0, len(corpus.val) - T))  # fmt: skip
     vw = np.asarray(corpus.val[vstarts[:, None] + np.arange(T + 1)], np.int32)
     chunks = [(vw[i : i + B, :-1], vw[i : i + B, 1:]) for i in range(0, len(vw), B)]
+    return windows, chunks
+
+
+def run_seed(corpus: TokenCorpus, s: dict, seed: int, variants=(), with_torch=True,
+             log=print) -> dict:  # fmt: skip
+    B, T, steps = s["batch"], s["context"], s["steps"]
+    windows, chunks = stream(corpus, s, seed)
 
     torch.manual_seed(seed)
     net = GPT(corpus.vocab_size, T, s["width"], s["n_layers"], s["n_heads"])

@@ -111,8 +111,16 @@ def cmd_eval(args) -> int:
         )
     run, model, meta = _restore(args.checkpoint, spread=True)
     trained = model
-    model = with_depth(model, args.solver, args.dt, name="--dt")
-    if not run.cfg.model.continuous and model.dt != trained.dt:
+    layers = getattr(model.ide.controls, "layer_length", None)  # per-layer controls
+    if layers is not None and args.dt is not None and args.dt > layers:
+        # a coarser per-layer network: every r-th layer (the run's `[multilevel]
+        # restriction`) at r times the step, as multilevel training runs its coarse levels
+        from ..train import coarsen
+
+        model = coarsen(with_depth(model, args.solver), args.dt, run.cfg.multilevel.restriction)
+    else:
+        model = with_depth(model, args.solver, args.dt, name="--dt")
+    if not run.cfg.model.continuous and model.dt < trained.dt:
         print(
             f"itde eval: warning: {args.checkpoint!r} holds a per-layer model (scheme "
             f"{trained.scheme!r}): it is the trained network only at its training step "
@@ -271,8 +279,9 @@ def add_train_commands(sub) -> None:
         metavar="DIR",
         help="a directory written by `itde train` (it holds checkpoint.json)",
     )
-    p.add_argument("--dt", type=float, metavar="DT", help="depth step, 0 < DT <= one layer "
-                   "('lie') or the depth (default: the trained step)")  # fmt: skip
+    p.add_argument("--dt", type=float, metavar="DT", help="depth step, 0 < DT <= the depth "
+                   "(default: the trained step); a per-layer model at DT = r layers keeps "
+                   "every r-th layer ([multilevel] restriction) at r times the step")  # fmt: skip
     p.add_argument("--solver", choices=Names("itde", "SCHEMES"), metavar="SCHEME",
                    help="depth scheme, one of %(choices)s; 'lie' for per-layer models, the "
                    "others for continuous-depth ones (default: the trained scheme)")  # fmt: skip

@@ -31,6 +31,7 @@ from ._config import (
     ConfigError,
     ContinuityConfig,
     ModelConfig,
+    MultilevelConfig,
     OptimConfig,
     ParallelConfig,
     RunConfig,
@@ -55,6 +56,7 @@ from ._loop import (
     train,
 )
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
+from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer, coarsen
 from ._sample import sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh
 from ._task import AbstractTask, AbstractTokenTask
@@ -71,6 +73,13 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ContinuityConfig",
+    "MultilevelConfig",
+    "LevelSchedule",
+    "Transfer",
+    "RESTRICTIONS",
+    "PROLONGATIONS",
+    "MOMENTS",
+    "coarsen",
     "DepthRegularisation",
     "FieldModel",
     "IncrementalDecoder",

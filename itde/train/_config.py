@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "ContinuityConfig",
     "ModelConfig",
+    "MultilevelConfig",
     "OptimConfig",
     "ParallelConfig",
     "RunConfig",
@@ -465,9 +466,105 @@ class ParallelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MultilevelConfig:
+    r"""Multilevel training in depth (the `[multilevel]` table; see
+    `itde.train.LevelSchedule`): the run goes through phases, each at one depth step.
+
+    - `dt`: the depth step of each phase, in order, e.g. `[2.0, 1.0]` (the last must be
+      `model.dt`: the trained model is the configured one); or
+    - `layers`: the same as layer counts, `[2, 4]` for a 4-layer model at `dt = 1`
+      (phase `n` layers runs at `model.dt * n_layers / n`). Give one of the two.
+    - `shares`: the fraction of `optim.steps` of each phase, summing to 1.
+    - `restriction`: how a per-layer model's coarse layers are made (`"even"`, `"odd"`,
+      `"mean"`: `itde.train.RESTRICTIONS`); `prolongation`: how fine layers come back
+      (`"copy"`, `"linear"`: `itde.train.PROLONGATIONS`); `moments`: what happens to
+      Adam's moments on a switch (`"transfer"`, `"reset"`: `itde.train.MOMENTS`).
+
+    Empty `dt` and `layers` (the default): off."""
+
+    dt: tuple[float, ...] = ()
+    layers: tuple[int, ...] = ()
+    shares: tuple[float, ...] = ()
+    restriction: str = "even"
+    prolongation: str = "copy"
+    moments: str = "transfer"
+
+    def __post_init__(self):
+        from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS
+
+        choices("multilevel.restriction", self.restriction, RESTRICTIONS)
+        choices("multilevel.prolongation", self.prolongation, PROLONGATIONS)
+        choices("multilevel.moments", self.moments, MOMENTS)
+        if self.dt and self.layers:
+            raise ConfigError(
+                f"`multilevel.dt`={list(self.dt)} and `multilevel.layers`="
+                f"{list(self.layers)} both give the levels; keep one of them"
+            )
+        n = len(self.dt or self.layers)
+        if len(self.shares) != n:
+            raise ConfigError(
+                f"`multilevel.shares`={list(self.shares)} has {len(self.shares)} entries for "
+                f"{n} levels; give one share of `optim.steps` per level"
+            )
+        for v in (*self.dt, *self.layers, *self.shares):
+            if isinstance(v, bool) or not (math.isfinite(v) and v > 0):
+                raise ConfigError(
+                    f"`multilevel`: {v!r} is not a positive level or share (levels: "
+                    f"{list(self.dt or self.layers)}, shares: {list(self.shares)})"
+                )
+        if n and not math.isclose(sum(self.shares), 1.0, abs_tol=1e-9):
+            raise ConfigError(
+                f"`multilevel.shares`={list(self.shares)} sum to {sum(self.shares):g}; they "
+                "are fractions of `optim.steps` and must sum to 1"
+            )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.dt or self.layers)
+
+    def levels(self, m) -> tuple[float, ...]:
+        """The depth step of each phase for the `[model]` table `m` (checked: each level
+        divides the depth, a per-layer level is whole layers, the last is `model.dt`)."""
+        T = float(m.n_layers)
+        if self.layers:
+            for n in self.layers:
+                if isinstance(n, bool) or not isinstance(n, int) or m.n_layers % n:
+                    raise ConfigError(
+                        f"`multilevel.layers`: {n!r} does not divide `model.n_layers`="
+                        f"{m.n_layers}; a level keeps n_layers / r layers, e.g. "
+                        f"{[d for d in range(1, m.n_layers + 1) if m.n_layers % d == 0]}"
+                    )
+            dts = tuple(m.dt * m.n_layers / n for n in self.layers)
+        else:
+            dts = tuple(float(d) for d in self.dt)
+        for d in dts:
+            steps = T / d
+            if not math.isclose(steps, round(steps), rel_tol=1e-9):
+                raise ConfigError(
+                    f"`multilevel`: the level dt = {d:g} does not divide the depth T = "
+                    f"`model.n_layers` = {m.n_layers} ({steps:g} steps); choose T / k"
+                )
+            if not m.continuous:
+                r = d / m.dt
+                if not math.isclose(r, round(r), rel_tol=1e-9) or m.n_layers % round(r):
+                    raise ConfigError(
+                        f"`multilevel`: the level dt = {d:g} of a per-layer model must be "
+                        f"`model.dt`={m.dt:g} times a divisor r of `model.n_layers`="
+                        f"{m.n_layers} (the coarse network keeps every r-th layer)"
+                    )
+        if dts and not math.isclose(dts[-1], m.dt, rel_tol=1e-9):
+            raise ConfigError(
+                f"`multilevel`: the last level (dt = {dts[-1]:g}) must be the model's own "
+                f"`model.dt`={m.dt:g}, so that the trained model is the configured one"
+            )
+        # the model's own level is its `dt` exactly (the loop compares the two)
+        return tuple(m.dt if math.isclose(d, m.dt, rel_tol=1e-9) else d for d in dts)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainExperiment:
     """The config of `itde train`: `task`, `model`, `optim`, `run`, `parallel` and
-    `continuity` tables."""
+    `continuity` and `multilevel` tables."""
 
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -475,9 +572,17 @@ class TrainExperiment:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     continuity: ContinuityConfig = dataclasses.field(default_factory=ContinuityConfig)
+    multilevel: MultilevelConfig = dataclasses.field(default_factory=MultilevelConfig)
 
     def __post_init__(self):
         m, t = self.model, self.task
+        if self.multilevel.active:
+            if m.init:
+                raise ConfigError(
+                    "`multilevel` with `model.init`: multilevel training starts from a "
+                    "random initialisation; remove one of them"
+                )
+            self.multilevel.levels(m)
         if m.init and (t.name != "textlm" or t.tokenizer != m.init):
             key, value = ("name", t.name) if t.name != "textlm" else ("tokenizer", t.tokenizer)
             raise ConfigError(

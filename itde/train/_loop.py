@@ -84,6 +84,7 @@ from ._config import (
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss
 from ._evaluate import evaluate
 from ._model import loss_fn
+from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer
 from ._tasks import TASKS
 
 _ERRORS = (ckpt.CheckpointError, ConfigError)  # raised again on every process of a run
@@ -345,6 +346,22 @@ class Run:
         self.regularisation = DepthRegularisation(c.consistency, c.transport)
         # who the checkpoints and metrics rows belong to (process 0's is the one written)
         self.run_id = uuid.uuid4().hex[:16]
+        ml = cfg.multilevel
+        self.levels = self.transfer = None  # multilevel training in depth, if configured
+        if ml.active:
+            self.levels = LevelSchedule.from_shares(
+                ml.levels(cfg.model), ml.shares, cfg.optim.steps
+            )
+            self.transfer = Transfer(
+                RESTRICTIONS[ml.restriction], PROLONGATIONS[ml.prolongation], MOMENTS[ml.moments]
+            )
+
+    def at_level(self, model, opt_state, step: int):
+        """`(model, opt_state)` at the depth step training step `step` runs at (the
+        `[multilevel]` schedule; unchanged without one), placed on the run's layout."""
+        if self.levels is None or model.dt == self.levels.dt(step):
+            return model, opt_state
+        return self.place_state(*self.transfer(model, opt_state, self.levels.dt(step)))
 
     def init_state(self):
         """The untrained `(model, opt_state)` of the config (also the checkpoint template)."""
@@ -449,9 +466,10 @@ class Run:
         reach the other processes by broadcast, and so does any error it finds. A sharded
         (format 3) checkpoint is read by every process, each the pieces its devices hold
         on this run's mesh, which may differ from the writer's."""
-        template = self.init_state()
         if meta is None:
             meta = dist.on_main(lambda: ckpt.read_meta(directory), errors=_ERRORS)
+        # the state of a multilevel run is at the level of its last step
+        template = self.at_level(*self.init_state(), max(int(meta["step"]) - 1, 0))
         self.check_meta(meta, directory)
         reader = formats.READERS[meta["format"]]  # read_meta accepts no other number
         (model, opt_state), meta = reader.load(directory, template, meta, self.mesh)
@@ -707,14 +725,16 @@ def train(
     t_start, t_log, n_log = time.perf_counter(), time.perf_counter(), 0
     done, saved = start, False
     last: dict = {}
+    levels, ends = run.levels, () if run.levels is None else run.levels.ends
     for s in range(start, total):
         # JAX runs asynchronously: a check that fires in the step surfaces where its result
         # is first read (the loss, the evaluation, the checkpoint), so all of it is covered
         try:
+            model, opt_state = run.at_level(model, opt_state, s)  # a multilevel switch
             model, opt_state, loss = step_fn(model, opt_state, run.batch(s))
             done, n_log = s + 1, n_log + 1
             evaluating = done % r.eval_every == 0 or done == total
-            if done % r.log_every == 0 or evaluating:
+            if done % r.log_every == 0 or evaluating or done in ends:
                 loss_v = scalar(loss)
                 now = time.perf_counter()
                 rate = n_log * bs / max(now - t_log, 1e-9)
@@ -727,6 +747,10 @@ def train(
                     "wall_s": wall0 + now - t_start,
                     "examples_per_s": rate,
                 }
+                if levels is not None:  # what each step of the interval ran at, and cost
+                    depth = run.cfg.model.n_layers
+                    row.update(level=levels.phase(s), dt=model.dt,
+                               depth_steps=round(depth / model.dt), step_s=bs / rate)  # fmt: skip
                 if evaluating:
                     row.update(evaluate(model, chunks, run.task, run.compute_dtype))
                     if refine:  # how far the model is from its own equation, refined

@@ -1,0 +1,61 @@
+"""`benchmarks/bench_multilevel.py --tiny`: runs, and its discrete baseline is
+`bench_nanogpt.py`'s discrete itde GPT (same stream, optimiser, evaluation), bit for bit."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    import bench_multilevel
+    import bench_nanogpt
+
+    return bench_multilevel, bench_nanogpt
+
+
+@pytest.fixture(scope="module")
+def tiny(bench, tmp_path_factory):
+    bm, _ = bench
+    out = tmp_path_factory.mktemp("bench") / "b"
+    return out, bm.main(["--tiny", "--layers", "2", "--steps", "4", "--eval-every", "2",
+                      "--methods", "discrete", "ml-2x-50", "--out", str(out)])  # fmt: skip
+
+
+def test_tiny_run_writes_its_table_figure_and_counts(bench, tiny):
+    _, bn = bench
+    out, result = tiny
+    assert (out / "bench_multilevel.png").stat().st_size > 0
+    assert json.loads((out / "bench_multilevel.json").read_text())["summary"]
+    (run,) = result["runs"]
+    base, ml = run["methods"]
+    assert base["method"] == "discrete" and base["time_ratio"] == 1.0
+    from itde.data import TokenCorpus, builtin_text_path
+
+    corpus = TokenCorpus.from_path(builtin_text_path(), progress=False)
+    # FLOPs: 2 of the 4 steps run 1 layer instead of 2 (6 layer-steps against 8); per
+    # sequence and layer 12 d^2 n multiply-adds in the matmuls and 2 n^2 d in attention,
+    # d V n in the head
+    d, n, v = bn.TINY["width"], bn.TINY["context"], corpus.vocab_size
+    layer, head = 12 * d * d * n + 2 * n * n * d, d * v * n
+    assert ml["flops_ratio"] == pytest.approx((6 * layer + 4 * head) / (8 * layer + 4 * head))
+    assert [e["dt"] for e in ml["evals"]] == [1.0, 2.0, 1.0]  # start, end of coarse, end
+    assert set(base["val_at_dt"]) == {"2.0", "0.5"}  # dt = 4 needs 4 layers
+
+
+@pytest.mark.slow
+def test_tiny_baseline_is_bench_nanogpts_discrete_gpt(bench, tiny):
+    """The same GPT trained by bench_nanogpt on the same stream ends at the same loss."""
+    _, bn = bench
+    _, result = tiny
+    from itde.data import TokenCorpus, builtin_text_path
+
+    corpus = TokenCorpus.from_path(builtin_text_path(), progress=False)
+    s = {**bn.TINY, "steps": 4, "eval_every": 2}
+    ref = bn.run_seed(corpus, s, 0, (), with_torch=False, log=lambda *_: None)
+    assert result["runs"][0]["methods"][0]["final_val"] == ref["evals"][-1]["itde"]
