@@ -33,7 +33,6 @@ import statistics
 import time
 from pathlib import Path
 
-import diffrax
 import equinox as eqx
 import jax
 import numpy as np
@@ -123,7 +122,6 @@ def rows(s: dict, schemes) -> dict[str, tuple[Net, tuple[int, int]]]:
 #: The settings the library took before this benchmark's changes, timed beside them.
 VARIANTS: dict = {
     "rk4:before": (lambda: solvers.Projected(solvers.RK4()), "tangent", (4, 4)),
-    "tsit5:before": (lambda: solvers.Projected(diffrax.Tsit5()), "tangent", (6, 6)),
 }
 
 
