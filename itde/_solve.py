@@ -195,6 +195,8 @@ def solve(
     )
     if kind == "paper":
         _warn_if_not_a_refinement(model, dt0, stepsize_controller)
+    if checkpoints is not None and _step_ends_only(saveat):
+        solver = _for_fixed_steps(solver)
     if default_adjoint and checkpoints is not None:
         # a fixed number of steps: keep every step's state (memory n_steps states, no
         # binomial recomputation of the forward)
@@ -229,6 +231,26 @@ def solve(
         return sol.result.error_if(sol, failed)
     ys = sol.ys + sol.result.error_if(jnp.zeros((), sol.ys.dtype), failed)
     return eqx.tree_at(lambda s: s.ys, sol, _check_output(ys, u0))
+
+
+def _step_ends_only(saveat) -> bool:
+    """Whether `saveat` reads the solution at step ends only (no dense output, no `ts`
+    between them)."""
+    if saveat.dense:
+        return False
+    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    return all(sub.ts is None for sub in subs)
+
+
+def _for_fixed_steps(solver):
+    """A fixed-step solve read at step ends never uses a projected method's error estimate
+    or dense output: each `Projected` inside `solver` (at any depth of wrappers) drops a
+    stage evaluated only for them (`Projected.for_fixed_steps`)."""
+
+    def swap(x):  # `type`: diffrax's isinstance sees through wrappers
+        return x.for_fixed_steps() if type(x) is Projected else x
+
+    return jax.tree.map(swap, solver, is_leaf=lambda y: type(y) is Projected)
 
 
 def _check_output(ys, u0):

@@ -6,7 +6,12 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
-from diffrax import AbstractERK, ButcherTableau, ThirdOrderHermitePolynomialInterpolation
+from diffrax import (
+    AbstractERK,
+    ButcherTableau,
+    LocalLinearInterpolation,
+    ThirdOrderHermitePolynomialInterpolation,
+)
 
 # Classical RK4 (stages 1-4) plus a fifth, first-same-as-last stage $f(t_1, y_1)$. The
 # fifth stage has weight zero in the solution, so `y1` is exactly the classical RK4
@@ -25,6 +30,19 @@ _rk4_tableau = ButcherTableau(
     b_error=np.array([0.0, 0.0, 0.0, 1 / 6, -1 / 6]),
     c=np.array([1 / 2, 1 / 2, 1.0, 1.0]),
 )
+
+# The same method without the fifth stage: four evaluations every step, no error estimate.
+_rk4_stages_tableau = ButcherTableau(
+    a_lower=_rk4_tableau.a_lower[:3],
+    b_sol=_rk4_tableau.b_sol[:4],
+    b_error=np.zeros(4),
+    c=_rk4_tableau.c[:3],
+)
+
+
+def _linear(*, t0, t1, y0, y1, k):
+    del k
+    return LocalLinearInterpolation(t0=t0, t1=t1, y0=y0, y1=y1)
 
 
 class RK4(AbstractERK):
@@ -59,6 +77,24 @@ class RK4(AbstractERK):
     interpolation_cls: ClassVar[Callable[..., ThirdOrderHermitePolynomialInterpolation]] = (
         ThirdOrderHermitePolynomialInterpolation.from_k
     )
+
+    def order(self, terms):
+        del terms
+        return 4
+
+    def without_error_estimate(self) -> _RK4Stages:
+        """The same four stages without the fifth: `y1` identical, no error estimate,
+        linear dense output. For fixed steps that restart every step (`Projected`
+        re-evaluates the first stage at the projected state), where the fifth stage is
+        evaluated and never used: 4 evaluations a step instead of 5."""
+        return _RK4Stages(scan_kind=self.scan_kind)
+
+
+class _RK4Stages(AbstractERK):
+    """Classical RK4's four stages alone (see `RK4.without_error_estimate`)."""
+
+    tableau: ClassVar[ButcherTableau] = _rk4_stages_tableau
+    interpolation_cls: ClassVar[Callable[..., LocalLinearInterpolation]] = staticmethod(_linear)
 
     def order(self, terms):
         del terms
