@@ -117,7 +117,8 @@ def cmd_eval(args) -> int:
         # restriction`) at r times the step, as multilevel training runs its coarse levels
         from ..train import coarsen
 
-        model = coarsen(with_depth(model, args.solver), args.dt, run.cfg.multilevel.restriction)
+        model = coarsen(with_depth(model, args.solver), args.dt, run.cfg.multilevel.restriction,
+                        name="--dt")
     else:
         model = with_depth(model, args.solver, args.dt, name="--dt")
     if not run.cfg.model.continuous and model.dt < trained.dt:

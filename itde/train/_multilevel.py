@@ -214,10 +214,11 @@ class Transfer(eqx.Module):
         return self.model(model, dt), self.moments.apply(opt_state, move)
 
 
-def coarsen(model, dt: float, restriction: str | AbstractRestriction = "even"):
+def coarsen(model, dt: float, restriction: str | AbstractRestriction = "even", *, name="dt"):
     """`model` at depth step `dt`: for per-layer controls longer than a layer, the network
     of every `r`-th layer (or their `restriction`) run at `dt` = `r` layers; otherwise
-    the same parameters at `dt`. E.g. `coarsen(gpt, 2.0)`: half the layers, half the cost."""
+    the same parameters at `dt`. E.g. `coarsen(gpt, 2.0)`: half the layers, half the cost.
+    `name`: how errors name `dt` (the CLI passes `--dt`)."""
     if isinstance(restriction, str):
         if restriction not in RESTRICTIONS:
             raise ValueError(
@@ -225,17 +226,19 @@ def coarsen(model, dt: float, restriction: str | AbstractRestriction = "even"):
             )
         restriction = RESTRICTIONS[restriction]
     controls = model.ide.controls
+    if not math.isfinite(dt):
+        raise ValueError(f"`{name}`={dt!r} must be a finite depth step, e.g. {2 * model.dt:g}")
     if isinstance(controls, PiecewiseConstant) and dt > model.dt:
         r = round(dt / model.dt)
         if not math.isclose(r * model.dt, dt, rel_tol=1e-9) or controls.n_layers % r:
             raise ValueError(
-                f"`dt`={dt:g} must be the step {model.dt:g} times a divisor r of the "
+                f"`{name}`={dt:g} must be the step {model.dt:g} times a divisor r of the "
                 f"{controls.n_layers} layers (the coarse network has n_layers / r layers), "
                 f"e.g. {2 * model.dt:g}"
             )
         return Transfer(restriction=restriction).model(model, dt)
     raise ValueError(
-        f"`dt`={dt:g}: `coarsen` takes a per-layer model to a step longer than its own "
+        f"`{name}`={dt:g}: `coarsen` takes a per-layer model to a step longer than its own "
         f"({model.dt:g}); for other steps use `itde.train.with_depth(model, dt=...)`"
     )
 

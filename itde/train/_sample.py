@@ -199,7 +199,7 @@ def sample_stream(
     `TextLM.tokenizer.decode`; default: the tokens of `itos` joined); `context`: the window
     the model reads (default: its position table's length, `model.max_tokens`); `cache`:
     draw with a key/value cache (None: when the model is cacheable, see
-    [`cacheable`][itde.train._sample.cacheable]; True/False: with or without; the same
+    [`itde.check_cacheable`][itde.check_cacheable]; True/False: with or without; the same
     tokens either way, to round-off)."""
     if cache is True:
         check_cacheable(model.ide, _context(model, context), **_scheme(model))
