@@ -291,7 +291,7 @@ class Attention(AbstractAttention):
         )
 
     def project_qkv(self, u, *, feature_weights=None, rotary=None):
-        """The first half of [`__call__`][itde.Attention.__call__]: queries, keys and values
+        """The first half of the call: queries, keys and values
         `[heads or kv_heads, tokens, size]` of the tokens of `u`, queries and keys rotated
         by `rotary` (keys and values not yet repeated for grouped-query attention). A token's
         own row depends on that token alone, so a key/value cache
@@ -302,7 +302,7 @@ class Attention(AbstractAttention):
         return q, k, v
 
     def attend(self, q, k, v, *, head_weights=None, core=Dense(), **pair_terms):
-        """The second half of [`__call__`][itde.Attention.__call__]: the attention output
+        """The second half of the call: the attention output
         `[queries, features]` of queries `q` against keys `k` and values `v` from
         [`project_qkv`][itde.Attention.project_qkv] (grouped-query heads repeated here,
         queries scaled, the core's token quadrature, then the output projection). `core`:
