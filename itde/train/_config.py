@@ -42,9 +42,9 @@ __all__ = [
 #: The compute dtypes of `[run] dtype`: the name and the dtype the forward and backward
 #: passes run in (None = the parameters' own, float32).
 COMPUTE_DTYPES: dict[str, Any] = {"float32": None, "bfloat16": "bfloat16"}
-CHECKPOINT_FORMATS = ("auto", "file", "shards")  # the writers: itde.train._formats.FORMATS
 """The compute dtypes of `[run] dtype`: the name and the dtype the forward and backward passes
 run in (None = the parameters' own, float32)."""
+CHECKPOINT_FORMATS = ("auto", "file", "shards")  # the writers: itde.train._formats.FORMATS
 
 #: Keys of earlier versions of the `[model]` table and the key that replaced each.
 RENAMED: dict[str, str] = {
