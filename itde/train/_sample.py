@@ -34,6 +34,14 @@ def _draw(model, window, filled, key, temperature, top_k, floor, start, n, chunk
     return _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n, chunk)
 
 
+def _push(window, filled, tok):
+    """`window` with `tok` after its `filled` tokens; a full window slides (drops its oldest)."""
+    context = window.shape[0]
+    slid = jnp.roll(window, -1).at[-1].set(tok)
+    grown = window.at[jnp.minimum(filled, context - 1)].set(tok)
+    return jnp.where(filled >= context, slid, grown)
+
+
 @eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
 def _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n, chunk):
     """Draw `n <= chunk` tokens after the `filled` tokens of `window` (right-padded to the
@@ -50,10 +58,7 @@ def _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n
         logits = model(window)[filled - 1].astype(jnp.float32)
         k = jax.random.fold_in(key, start + j)
         tok = draw_token(logits, k, temperature, top_k, floor)
-        slid = jnp.roll(window, -1).at[-1].set(tok)
-        grown = window.at[jnp.minimum(filled, context - 1)].set(tok)
-        window = jnp.where(filled >= context, slid, grown)
-        return window, jnp.minimum(filled + 1, context), out.at[j].set(tok)
+        return _push(window, filled, tok), jnp.minimum(filled + 1, context), out.at[j].set(tok)
 
     out = jnp.zeros((chunk,), jnp.int32)
     return jax.lax.fori_loop(0, n, body, (window, filled, out))
@@ -106,9 +111,7 @@ def _draw_cached_traced(model, layers, window, filled, cache, logits, key, tempe
         window, filled, cache, logits, out = carry
         tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
         full = filled >= context
-        slid = jnp.roll(window, -1).at[-1].set(tok)
-        grown = window.at[jnp.minimum(filled, context - 1)].set(tok)
-        window = jnp.where(full, slid, grown)
+        window = _push(window, filled, tok)
         filled = jnp.minimum(filled + 1, context)
         cache, logits = jax.lax.cond(full, slide, grow, window, filled, cache)
         return window, filled, cache, logits, out.at[j].set(tok)
