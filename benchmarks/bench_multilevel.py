@@ -27,7 +27,9 @@ time (its last evaluation within it); FLOPs from the shapes (a matmul of m x k b
 is 2mkn; a step = 3 forward passes; attention's scores and mix counted whole); and the
 final models' validation loss at dt = 2, 4 (every second / fourth layer at that step,
 `itde.train.coarsen`) and 1/2 (each layer in two steps). `bench_multilevel.json` and
-`bench_multilevel.png` (validation loss against training time, every method, per shape).
+`bench_multilevel.png` (validation loss against training time, every method, per shape);
+each final model in `models/L{layers}_seed{seed}_{method}.eqx` (`eqx.tree_serialise_leaves`
+of the itde GPT at the method's last step), a line per evaluation as the run goes.
 
     python benchmarks/bench_multilevel.py [--layers 4 12 --seeds 0 1 2 --steps 2000
                                            --out runs/bench_multilevel]
@@ -150,7 +152,7 @@ def at_dt(model, dt: float):
     return coarsen(model, dt) if dt > model.dt else with_depth(model, dt=dt)
 
 
-def run_shape(corpus, s, seed, names, log=print) -> dict:
+def run_shape(corpus, s, seed, names, log=print, save=None) -> dict:
     # bench_nanogpt's stream of the seed; a method with more steps reads it again from the start
     windows, chunks = stream(corpus, s, seed)
     torch.manual_seed(seed)
@@ -173,6 +175,9 @@ def run_shape(corpus, s, seed, names, log=print) -> dict:
             m.run(nxt, s, corpus.vocab_size, L)
             if m.done == nxt and (nxt in marks or nxt == m.steps):
                 m.evaluate(chunks)
+                e = m.evals[-1]
+                log(f"  L={L} seed {seed} {m.name:<16} step {e['step']:>5}/{m.steps} dt "
+                    f"{e['dt']:g}  val {e['val']:.4f}  train {e['train_s']:.1f} s")  # fmt: skip
         done, k = nxt, k + 1
     base = next(m for m in methods if m.name == "discrete")
     target, t_base = base.evals[-1]["val"], base.train_s
@@ -181,6 +186,9 @@ def run_shape(corpus, s, seed, names, log=print) -> dict:
         hit = next((e for e in m.evals if e["val"] <= target and e["step"] > 0), None)
         within = [e for e in m.evals if e["train_s"] <= t_base * (1 + 1e-9)]
         final = m.model
+        if save is not None:  # the final model, for studies of depth at inference
+            save.mkdir(parents=True, exist_ok=True)
+            eqx.tree_serialise_leaves(save / f"L{L}_seed{seed}_{m.name}.eqx", final)
         row = {
             "method": m.name, **{k: v for k, v in m.spec.items()}, "steps": m.steps,
             "train_s": m.train_s, "compile_s": m.compile_s,
@@ -257,7 +265,8 @@ def main(argv=None) -> dict:
     runs = []
     for L in layers:
         for seed in seeds:
-            runs.append(run_shape(corpus, {**s, "n_layers": L}, seed, a.methods))
+            runs.append(run_shape(corpus, {**s, "n_layers": L}, seed, a.methods,
+                                  log=lambda *x: print(*x, flush=True), save=out / "models"))
             (out / "bench_multilevel.partial.json").write_text(json.dumps(runs, indent=2))
     summary = {}
     for L in layers:

@@ -31,6 +31,8 @@ def test_tiny_run_writes_its_table_figure_and_counts(bench, tiny):
     _, bn = bench
     out, result = tiny
     assert (out / "bench_multilevel.png").stat().st_size > 0
+    saved = sorted(f.name for f in (out / "models").iterdir())
+    assert saved == ["L2_seed0_discrete.eqx", "L2_seed0_ml-2x-50.eqx"]
     assert json.loads((out / "bench_multilevel.json").read_text())["summary"]
     (run,) = result["runs"]
     base, ml = run["methods"]
