@@ -6,15 +6,19 @@ Transformer in the paper's regime — Lie–Trotter, one step per layer — and 
 at 6 layers x 6 heads x width 384, feed-forward 1536, context 256, vocabulary 96. For
 float32 and bfloat16 (parameters kept in float32, the forward and backward passes cast to
 bfloat16, as `itde train` does with `run.dtype = "bfloat16"`), and for each attention
-implementation (`dense`, `blocked`, `fused`), it times a forward+backward pass
-(`jax.value_and_grad` of the mean cross-entropy) and the same model in PyTorch on the same
-device (`itde.to_torch`, the same weights; `torch.autocast` for bfloat16). Timings are
-medians of interleaved rounds (itde's three implementations and PyTorch in turn), so that
-machine noise hits them alike; the figure to quote is the ratio.
+implementation (`dense`, `blocked`, `fused`: `jax.nn.dot_product_attention` with JAX's
+choice, and on a GPU `cudnn`: the same with `implementation="cudnn"`, cuDNN's fused flash
+kernel, bfloat16 only), it times a forward+backward pass (`jax.value_and_grad` of the mean
+cross-entropy) and the same model in PyTorch on the same device (`itde.to_torch`, the same
+weights; `torch.autocast` for bfloat16; on a GPU the loss and its backward pass go through
+`torch.compile`, whose first call is timed apart as `torch_compile_s`). Timings are medians
+of interleaved rounds (itde's implementations and PyTorch in turn), so that machine noise
+hits them alike; the figure to quote is the ratio.
 
     python benchmarks/gpu.py                      # the accelerator run, writes runs/gpu/gpu.json
     python benchmarks/gpu.py --tiny               # a tiny model on CPU: checks the script runs
     python benchmarks/gpu.py --shape nanogpt      # nanoGPT's CPU-run shape; also gpt2-124m
+    python benchmarks/gpu.py --shape gpt2-124m --dtypes bfloat16   # issue 34's accelerator row
 
 JSON: `device`, `shape`, `flops_per_step` (model FLOPs of one forward+backward: 3x the
 forward's matrix products, attention counted as the full `[tokens, tokens]` matrix), and
@@ -60,7 +64,9 @@ SHAPES = {
     "gpt2-124m": dict(layers=12, heads=12, width=768, hidden=3072, context=1024, vocab=50257,
                       batch=8),
 }  # fmt: skip
-IMPLS = ("dense", "blocked", "fused")
+IMPLS = ("dense", "blocked", "fused", "cudnn")
+#: What runs by default on a CPU: cuDNN's kernel exists on NVIDIA GPUs only.
+CPU_IMPLS = ("dense", "blocked", "fused")
 DTYPES = ("float32", "bfloat16")
 
 # dense peak FLOP/s by device kind (vendor figures, no sparsity); float32 is the plain
@@ -90,7 +96,12 @@ def make_model(key, s: dict) -> TokenModel:
 
 
 def with_impl(model: TokenModel, impl: str, block_size: int) -> TokenModel:
-    core = itde.Blocked(block_size) if impl == "blocked" else itde.ATTENTION_CORES[impl]()
+    if impl == "blocked":
+        core = itde.Blocked(block_size)
+    elif impl == "cudnn":
+        core = itde.Fused(implementation="cudnn")
+    else:
+        core = itde.ATTENTION_CORES[impl]()
     ide = dataclasses.replace(model.ide, attention_core=core)
     return eqx.tree_at(lambda m: m.ide, model, ide)
 
@@ -114,17 +125,21 @@ def flops_per_step(s: dict) -> float:
 class TorchCharLM:
     """The same model in PyTorch: embedding + positions + `itde.to_torch(ide)` + readout."""
 
-    def __init__(self, model: TokenModel, device: str):
+    def __init__(self, model: TokenModel, device: str, compile: bool = False):
         import torch
 
         self.torch = torch
         self.device = device
+        self.compiled = compile
         t = lambda a: torch.tensor(np.asarray(a), device=device, requires_grad=True)  # noqa: E731
         self.embedding, self.position = t(model.embedding), t(model.position)
         self.readout, self.readout_bias = t(model.readout), t(model.readout_bias)
         self.encoder = itde.to_torch(model.ide).to(device).train()
         n = model.position.shape[0]
         self.mask = torch.nn.Transformer.generate_square_subsequent_mask(n, device=device)
+        # the whole loss (embedding, encoder, readout, cross-entropy) as one compiled graph;
+        # one compilation per dtype (autocast is traced into it)
+        self._loss = torch.compile(self.loss) if compile else self.loss
 
     def loss(self, x, y, dtype: str):
         torch = self.torch
@@ -142,7 +157,7 @@ class TorchCharLM:
     def step(self, x, y, dtype: str):
         for p in self.parameters():
             p.grad = None
-        loss = self.loss(x, y, dtype)
+        loss = self._loss(x, y, dtype)
         loss.backward()
         return loss
 
@@ -173,7 +188,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, help="sequences per step (default 64; tiny 4)")
     ap.add_argument("--repeats", type=int, help="timed steps per round (default 10; tiny 2)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; tiny 1)")
-    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--impls", nargs="+", choices=IMPLS,
+                    help="attention implementations (default: all; on a CPU all but cudnn)")
+    ap.add_argument("--torch-compile", choices=("auto", "on", "off"), default="auto",
+                    help="torch.compile the PyTorch baseline (auto: on a GPU only)")  # fmt: skip
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument(
@@ -200,6 +218,10 @@ def main(argv=None) -> dict:
 
     dev = jax.devices()[0]
     kind = getattr(dev, "device_kind", dev.platform)
+    if a.impls is None:
+        a.impls = list(IMPLS if dev.platform == "gpu" else CPU_IMPLS)
+    elif "cudnn" in a.impls and dev.platform != "gpu":
+        ap.error(f"--impls cudnn needs an NVIDIA GPU (this device: {dev.platform}); drop it")
     peaks = None
     if a.peak_tflops:
         peaks = dict(zip(DTYPES, a.peak_tflops))
@@ -221,7 +243,8 @@ def main(argv=None) -> dict:
         torch_device = "cuda" if dev.platform == "gpu" and torch.cuda.is_available() else "cpu"
         if torch_device == "cpu" and a.torch_threads > 0:
             torch.set_num_threads(a.torch_threads)
-        net = TorchCharLM(model, torch_device)
+        on = a.torch_compile == "on" or (a.torch_compile == "auto" and torch_device == "cuda")
+        net = TorchCharLM(model, torch_device, compile=on)
         xt = torch.as_tensor(x_np, device=torch_device).long()
         yt = torch.as_tensor(y_np, device=torch_device).long()
 
@@ -229,7 +252,11 @@ def main(argv=None) -> dict:
     for dtype in a.dtypes:
         jdt = jnp.dtype(dtype)
         steps, compile_s, losses, mem = {}, {}, {}, {}
+        skipped = {}
         for impl in a.impls:
+            if impl == "cudnn" and dtype != "bfloat16":
+                skipped[impl] = "cuDNN's fused kernel takes float16/bfloat16 only"
+                continue
             m = with_impl(model, impl, block_size)
             fn = eqx.filter_jit(eqx.filter_value_and_grad(loss_fn))
             t0 = time.perf_counter()
@@ -242,10 +269,12 @@ def main(argv=None) -> dict:
             ma = _memory_analysis(getattr(compiled, "compiled", compiled))
             mem[impl] = {"xla": ma, "device_peak_bytes": _device_peak(dev)}
             steps[impl] = (lambda m=m: jax.block_until_ready(fn(m, x, y, jdt)), [])
-        torch_times, loss_t = [], None
+        torch_times, loss_t, torch_compile_s = [], None, None
         if net is not None:
+            t0 = time.perf_counter()
             loss_t = float(net.step(xt, yt, dtype).detach())  # warm-up (and the loss to compare)
             net.sync()
+            torch_compile_s = time.perf_counter() - t0  # with torch.compile: its compilation
             if net.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
 
@@ -274,11 +303,14 @@ def main(argv=None) -> dict:
                 "tokens_per_s": tokens / t,
                 "mfu": None if peak is None else flops / t / peak,
                 "torch_step_s": t_torch,
+                "torch_compile_s": torch_compile_s,
                 "ratio_itde_over_torch": None if t_torch is None else t / t_torch,
                 "loss": losses[impl],
                 "loss_torch": loss_t,
                 "memory": {**mem[impl], "torch_max_allocated_bytes": torch_mem},
             })  # fmt: skip
+        for impl, why in skipped.items():
+            records.append({"dtype": dtype, "impl": impl, "skipped": why})
     result = {
         "device": {"platform": dev.platform, "kind": kind, "count": jax.device_count()},
         "versions": {"python": sys.version.split()[0], "jax": jax.__version__},
@@ -297,6 +329,7 @@ def main(argv=None) -> dict:
     if net is not None:
         result["versions"]["torch"] = net.torch.__version__
         result["torch_device"] = net.device
+        result["torch_compiled"] = net.compiled
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
@@ -325,6 +358,9 @@ def _print(r: dict) -> None:
     print(f"{'dtype':<10}{'impl':<9}{'compile s':>10}{'step ms':>10}{'tokens/s':>12}{'MFU':>8}"
           f"{'itde/torch':>12}{'loss - torch':>14}")  # fmt: skip
     for q in r["records"]:
+        if "skipped" in q:
+            print(f"{q['dtype']:<10}{q['impl']:<9}  skipped: {q['skipped']}")
+            continue
         mfu = "-" if q["mfu"] is None else f"{q['mfu']:.3f}"
         ratio = "-" if q["ratio_itde_over_torch"] is None else f"{q['ratio_itde_over_torch']:.3f}"
         dl = "-" if q["loss_torch"] is None else f"{q['loss'] - q['loss_torch']:+.1e}"

@@ -526,7 +526,7 @@ def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoin
     traced_dt0 = isinstance(dt0, jax.core.Tracer)
     jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
     if stepsize_controller is not None:
-        controller = _respect_jumps(stepsize_controller, controls, jumps, t0, t1, dt0)
+        controller = _respect_jumps(stepsize_controller, controls, jumps, dt0, tdtype)
         if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
             r = controls.layer_length / dt0  # type: ignore[attr-defined]
             u0 = _error_if(
@@ -566,8 +566,10 @@ def _check_constant_steps(controls, dt0: float, why: str) -> None:
         )
 
 
-def _respect_jumps(controller, controls, jumps, t0, t1, dt0):
-    """A user's step-size controller made to step onto every jump of the controls."""
+def _respect_jumps(controller, controls, jumps, dt0, tdtype):
+    """A user's step-size controller made to step onto every jump of the controls (the
+    jumps in the solve's time dtype: diffrax compares them with its float32 times when the
+    state is float32, even where float64 is enabled)."""
     if not jumps:
         return controller
     if isinstance(controller, diffrax.StepTo):
@@ -591,4 +593,4 @@ def _respect_jumps(controller, controls, jumps, t0, t1, dt0):
     if isinstance(controller, diffrax.ClipStepSizeController):
         return controller
     # an adaptive controller: clip its steps to land on every jump (diffrax's jump_ts)
-    return diffrax.ClipStepSizeController(controller, jump_ts=np.asarray(jumps))
+    return diffrax.ClipStepSizeController(controller, jump_ts=np.asarray(jumps, np.dtype(tdtype)))

@@ -98,6 +98,28 @@ def test_gpu_script_named_shapes_are_the_models_they_name():
 def test_gpu_script_tiny_every_configuration(tmp_path):
     r = _run(tmp_path)
     _check(r, ["dense", "blocked", "fused"], ["float32", "bfloat16"])
+    assert r["torch_compiled"] is False
+
+
+@pytest.mark.slow
+def test_gpu_script_compiled_torch_baseline(tmp_path):
+    # the baseline through torch.compile, as on a GPU (~100 s on CPU, most of it inductor's
+    # C++ compile): the same loss as itde and the uncompiled model
+    r = _run(tmp_path, "--impls", "dense", "--dtypes", "float32", "--torch-compile", "on")
+    _check(r, ["dense"], ["float32"])
+    assert r["torch_compiled"] is True and r["records"][0]["torch_compile_s"] > 0
+
+
+def test_gpu_script_refuses_cudnn_without_a_gpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--impls", "cudnn", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "solvers")])},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--impls cudnn needs an NVIDIA GPU" in proc.stderr
+    assert not out.exists()
 
 
 def test_nanogpt_benchmark_tiny_trains_both_on_the_same_stream(tmp_path):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -174,3 +175,32 @@ def test_solve_returns_the_state_before_the_final_norm_as_documented():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     said = "model(u0) == model.final_norm(itde.solve(model, u0).ys[-1])"
     assert said in readme and "`final_norm`" in itde.solve.__doc__
+
+
+@pytest.mark.slow
+def test_adaptive_steps_on_float32_layers_with_float64_enabled():
+    """A float32 per-layer model under an adaptive controller with float64 enabled (as in
+    this suite): the layer boundaries go to diffrax in the solve's float32 time dtype (as
+    float64 `jump_ts` they failed diffrax's dtype check) and the steps land on them."""
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=2, n_features=4, n_heads=1)
+    m32 = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, m)
+    x = jax.random.normal(jax.random.key(1), (3, 4), jnp.float32)
+    pid = diffrax.PIDController(rtol=1e-3, atol=1e-3)
+    sol = itde.solve(m32, x, solver=S.Projected(diffrax.Heun()), terms="paper",
+                     stepsize_controller=pid, dt0=1.0)  # fmt: skip
+    assert sol.ys.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(sol.ys)))
+    assert sol.ts.dtype == jnp.float32 and float(sol.ts[-1]) == 2.0
+
+
+def test_adaptive_controller_gets_the_layer_boundaries_in_the_time_dtype():
+    """The cheap half of the test above (no solve): the clip controller's `jump_ts` are in
+    the solve's time dtype, float32 for a float32 state though float64 is enabled."""
+    from itde._solve import _step_grid
+
+    m = itde.TransformerIDE.init(jax.random.key(0), n_layers=3, n_features=4, n_heads=1)
+    x = jnp.zeros((3, 4), jnp.float32)
+    pid = diffrax.PIDController(rtol=1e-3, atol=1e-3)
+    for tdtype in (jnp.float32, jnp.float64):
+        ctrl = _step_grid(m.controls, x, 0.0, 3.0, 1.0, pid, None, None, tdtype)[0]
+        assert isinstance(ctrl, diffrax.ClipStepSizeController)
+        assert ctrl.jump_ts.dtype == tdtype and list(ctrl.jump_ts) == [1.0, 2.0]
