@@ -105,8 +105,9 @@ def _adaptive(model, x, solver, rtol, atol, terms=None):
     u0 = model.initial_state(x)
 
     def one(u):
+        pid = diffrax.PIDController(rtol=rtol, atol=atol)
         sol = itde.solve(model.ide, u, solver=solver, dt0=1.0, terms=terms, throw=False,
-                         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))  # fmt: skip
+                         stepsize_controller=pid)  # fmt: skip
         st = sol.stats
         return (sol.ys[-1], st["num_steps"], st["num_accepted_steps"],
                 st["num_rejected_steps"], diffrax.is_successful(sol.result))  # fmt: skip
@@ -173,7 +174,8 @@ def summarise(rows: list[dict]) -> dict:
         for name in mine[0]["adaptive"]:
             adaptive[name] = {
                 "rk@1": _spread([r["rk_fixed"][name] for r in mine]),
-                "tols": [{"tol": a["tol"], "val": _spread([r["adaptive"][name][i]["val"] for r in mine]),
+                "tols": [{"tol": a["tol"],
+                          "val": _spread([r["adaptive"][name][i]["val"] for r in mine]),
                           "compute": _spread([r["adaptive"][name][i]["compute"] for r in mine]),
                           "failed": sum(r["adaptive"][name][i]["failed"] for r in mine)}
                          for i, a in enumerate(mine[0]["adaptive"][name])],
@@ -197,15 +199,21 @@ def tables(summary: dict) -> str:
         cells = []
         for d in dts:
             f = v["fixed"].get(d)
-            cells.append("-" if f is None else f"{f['mean']:.4f}"
-                         + (f" [{f['min']:.4f}, {f['max']:.4f}]" if f["n"] > 1 else ""))  # fmt: skip
+            span = f" [{f['min']:.4f}, {f['max']:.4f}]" if f and f["n"] > 1 else ""
+            cells.append("-" if f is None else f"{f['mean']:.4f}{span}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    lines += ["", "| L / method | solver | tol | evals / L | loss | failed |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| L / method | solver | tol | evals / L | loss | failed |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, v in summary.items():
         lines.append(f"| {key} | lie | fixed Δt = 1 | 1.00 | {v['fixed']['1.0']['mean']:.4f} | 0 |")
         for name, a in v["adaptive"].items():
             st = stages(SOLVERS[name]())
-            lines.append(f"| {key} | {name} | fixed Δt = 1 | {st:.2f} | {a['rk@1']['mean']:.4f} | 0 |")
+            lines.append(
+                f"| {key} | {name} | fixed Δt = 1 | {st:.2f} | {a['rk@1']['mean']:.4f} | 0 |"
+            )
             for t in a["tols"]:
                 lines.append(f"| {key} | {name} | {t['tol']:g} | {t['compute']['mean']:.2f} | "
                              f"{t['val']['mean']:.4f} | {t['failed']} |")  # fmt: skip
@@ -263,8 +271,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--tols", type=float, nargs="+", help=f"default {TOLS} (tiny {TINY_TOLS})")
     ap.add_argument("--glob", default="*_gut.txt", help="as given to bench_multilevel")
     ap.add_argument("--cache-dir", default=None)
-    ap.add_argument("--tiny", action="store_true",
-                    help="fewer tolerances; runs bench_multilevel --tiny first if --runs has no run")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="fewer tolerances; runs bench_multilevel --tiny first if --runs has no run",
+    )
     a = ap.parse_args(argv)
     for t in a.tols or ():
         if not 0 < t < 1:
@@ -274,11 +285,14 @@ def main(argv=None) -> dict:
     if not found.exists() and a.tiny:
         import bench_multilevel
 
-        bench_multilevel.main(["--tiny", "--layers", "4", "--steps", "2", "--eval-every", "2",
-                               "--methods", "discrete", "ml-2x-50", "--out", str(runs)])  # fmt: skip
+        bench_multilevel.main(["--tiny", "--layers", "4", "--steps", "2", "--eval-every",
+                               "2", "--methods", "discrete", "ml-2x-50", "--out",
+                               str(runs)])  # fmt: skip
     if not found.exists():
-        raise SystemExit(f"--runs {runs}: no bench_multilevel.json there; give the --out of a "
-                         "finished bench_multilevel.py run (or --tiny to make a tiny one)")  # fmt: skip
+        raise SystemExit(
+            f"--runs {runs}: no bench_multilevel.json there; give the --out of a finished "
+            "bench_multilevel.py run (or --tiny to make a tiny one)"
+        )
     result = json.loads(found.read_text())
     corpus = TokenCorpus.from_path(result["corpus"]["source"], glob=a.glob,
                                    cache_dir=a.cache_dir, progress=False)  # fmt: skip
