@@ -105,7 +105,14 @@ def _adaptive(model, x, solver, rtol, atol, terms=None):
     u0 = model.initial_state(x)
 
     def one(u):
-        pid = diffrax.PIDController(rtol=rtol, atol=atol)
+        # the layer boundaries as jumps, in the solve's time dtype (float32 or wider: that
+        # of `itde.solve`); itde.solve adds float64 ones itself, which diffrax refuses
+        # against float32 times when float64 is enabled
+        tdtype = jnp.promote_types(u.dtype, jnp.float32)
+        jumps = [t for t in model.ide.controls.jump_times() if model.ide.t0 < t < model.ide.depth]
+        pid = diffrax.ClipStepSizeController(
+            diffrax.PIDController(rtol=rtol, atol=atol), jump_ts=jnp.asarray(jumps, tdtype)
+        )
         sol = itde.solve(model.ide, u, solver=solver, dt0=1.0, terms=terms, throw=False,
                          stepsize_controller=pid)  # fmt: skip
         st = sol.stats
@@ -285,7 +292,7 @@ def main(argv=None) -> dict:
     if not found.exists() and a.tiny:
         import bench_multilevel
 
-        bench_multilevel.main(["--tiny", "--layers", "4", "--steps", "2", "--eval-every",
+        bench_multilevel.main(["--tiny", "--layers", "4", "--steps", "4", "--eval-every",
                                "2", "--methods", "discrete", "ml-2x-50", "--out",
                                str(runs)])  # fmt: skip
     if not found.exists():
