@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import diffrax
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -25,12 +26,17 @@ def bd():
 
 @pytest.fixture(scope="module")
 def small(bd):
-    """A random nanoGPT (2 layers) in itde and three validation sequences, one per chunk
-    (so that the vmapped solve of a chunk runs exactly that sequence's steps)."""
+    """A random nanoGPT (2 layers) in itde, its matrices scaled up 5 times (at nanoGPT's
+    initial scale the field is so small that Tsit5 takes one step per layer at any
+    tolerance), and three validation sequences, one per chunk (so that the vmapped solve
+    of a chunk runs exactly that sequence's steps)."""
     from bench_nanogpt import GPT, itde_from_gpt
 
     torch.manual_seed(0)
     model = itde_from_gpt(GPT(11, 8, 16, 2, 2))
+    big = jax.tree.map(lambda x: 5 * x if eqx.is_inexact_array(x) and x.ndim >= 2 else x,
+                       model.ide)  # fmt: skip
+    model = eqx.tree_at(lambda m: m.ide, model, big)
     w = np.random.default_rng(0).integers(0, 11, (3, 9)).astype(np.int32)
     return model, [(w[i : i + 1, :-1], w[i : i + 1, 1:]) for i in range(3)]
 
@@ -67,6 +73,19 @@ def test_adaptive_counts_are_the_field_calls_and_steps_land_on_layers(bd, small)
     assert loose["val"] == pytest.approx(ref, rel=1e-8)
     assert tight["val"] != loose["val"]
     assert bd.stages(diffrax.Tsit5()) == 7 and bd.stages(diffrax.Bosh3()) == 4
+    assert tight["compute_min"] == tight["compute"]  # nothing reused
+
+
+def test_first_same_as_last_counts_bound_the_field_calls(bd, small):
+    """Tsit5 reuses its last stage as the next step's first, except where a step starts
+    on a layer boundary: the calls lie between steps x 6 and steps x 7, strictly."""
+    model, chunks = small
+    terms, n = _counted(model)
+    r = bd.adaptive_val(model, chunks, diffrax.Tsit5(), 1e-6, terms=terms)
+    steps = sum(r["steps"])
+    assert steps * 6 < n[0] < steps * 7
+    assert r["compute_min"] * 2 * 3 == pytest.approx(steps * 6)
+    assert r["compute"] * 2 * 3 == pytest.approx(steps * 7)
 
 
 def test_bad_tolerances_are_refused(bd, small):
