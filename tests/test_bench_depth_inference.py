@@ -78,13 +78,15 @@ def test_adaptive_counts_are_the_field_calls_and_steps_land_on_layers(bd, small)
 
 def test_first_same_as_last_counts_bound_the_field_calls(bd, small):
     """Tsit5 reuses its last stage as the next step's first, except where a step starts
-    on a layer boundary: the calls lie between steps x 6 and steps x 7, strictly."""
+    on a layer boundary (each layer's first step at least): the calls lie between
+    steps x 6 + layers and steps x 7, the bounds the benchmark reports."""
     model, chunks = small
     terms, n = _counted(model)
     r = bd.adaptive_val(model, chunks, diffrax.Tsit5(), 1e-6, terms=terms)
-    steps = sum(r["steps"])
-    assert steps * 6 < n[0] < steps * 7
-    assert r["compute_min"] * 2 * 3 == pytest.approx(steps * 6)
+    steps, first_steps = sum(r["steps"]), 3 * 2  # 3 sequences, 2 layers
+    assert steps > 3 * 4  # it adapted
+    assert steps * 6 + first_steps <= n[0] < steps * 7
+    assert r["compute_min"] * 2 * 3 == pytest.approx(steps * 6 + first_steps)
     assert r["compute"] * 2 * 3 == pytest.approx(steps * 7)
 
 
