@@ -280,11 +280,15 @@ def plot(summary: dict, path: Path) -> None:
                         label=f"{v['method']} {name} adaptive")  # fmt: skip
                 bx.plot([stages(SOLVERS[name]())], [a["rk@1"]["mean"]], marker="s", ls="",
                         color=bx.lines[-1].get_color())  # fmt: skip
-        for a_, title in ((ax, "Lie at Δt = 4, 2, 1, 1/2 (mean over seeds, min-max)"),
-                          (bx, "adaptive RK (x: tolerances; square: RK at Δt = 1)")):  # fmt: skip
+        titles = ("Lie at Δt = 4, 2, 1, 1/2 (mean over seeds, min-max)",
+                  "adaptive RK (x: tolerances, upper count; square: RK at Δt = 1)")  # fmt: skip
+        for a_, title in zip((ax, bx), titles, strict=True):
             a_.set(xscale="log", title=f"{L} layers: {title}",
                    xlabel="field evaluations / the Δt = 1 network's",
                    ylabel="validation loss (nats/char)")  # fmt: skip
+            ticks = [0.25, 0.5, 1, 2, 4, 8, 16]
+            a_.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            a_.minorticks_off()
             a_.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
