@@ -46,7 +46,7 @@ loss (at most its mean plus the seeds' standard deviation; with one seed, the lo
 for fewer evaluations than $L$.
 
     python benchmarks/bench_depth_inference.py --runs runs/bench_multilevel
-    python benchmarks/bench_depth_inference.py --tiny --runs /tmp/ml_tiny  # a tiny run first
+    python benchmarks/bench_depth_inference.py --tiny --runs runs/ml_tiny  # a tiny run first
 """
 
 from __future__ import annotations
@@ -281,12 +281,13 @@ def plot(summary: dict, path: Path) -> None:
                 bx.plot([stages(SOLVERS[name]())], [a["rk@1"]["mean"]], marker="s", ls="",
                         color=bx.lines[-1].get_color())  # fmt: skip
         titles = ("Lie at Δt = 4, 2, 1, 1/2 (mean over seeds, min-max)",
-                  "adaptive RK (x: tolerances, upper count; square: RK at Δt = 1)")  # fmt: skip
+                  "adaptive RK (x: tolerances; square: RK at Δt = 1)")  # fmt: skip
         for a_, title in zip((ax, bx), titles, strict=True):
             a_.set(xscale="log", title=f"{L} layers: {title}",
                    xlabel="field evaluations / the Δt = 1 network's",
                    ylabel="validation loss (nats/char)")  # fmt: skip
-            ticks = [0.25, 0.5, 1, 2, 4, 8, 16]
+            lo, hi = a_.get_xlim()
+            ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
             a_.set_xticks(ticks, [f"{t:g}" for t in ticks])
             a_.minorticks_off()
             a_.legend(fontsize=7)
