@@ -91,7 +91,8 @@ def reused(solver: diffrax.AbstractRungeKutta) -> int:
 
 
 def load_models(runs: Path, result: dict, vocab: int):
-    """`(n_layers, seed, method, model)` for every model `bench_multilevel` saved."""
+    """`(n_layers, seed, row, model)` for every model `bench_multilevel` saved (`row`: its
+    method's row of the run)."""
     s = result["shape"]
     for run in result["runs"]:
         L, seed = run["n_layers"], run["seed"]
