@@ -193,8 +193,7 @@ MESH = """
 import json
 import jax, jax.numpy as jnp, numpy as np, torch, transformers, equinox as eqx
 import itde
-from itde.train import fsdp_spec, make_mesh
-from itde.train._sharding import shard  # not re-exported by itde.train (yet)
+from itde.train import fsdp_spec, make_mesh, shard
 assert jax.device_count() == 8
 torch.manual_seed(0)
 cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -219,7 +218,7 @@ print("RESULT " + json.dumps(dict(
 
 @pytest.mark.slow
 def test_converted_model_sharded_over_8_devices_matches_unsharded():
-    """itde.train's `shard(itde.from_hf(model), make_mesh(fsdp=8))` places a converted causal
+    """`itde.train.shard(itde.from_hf(model), make_mesh(fsdp=8))` places a converted causal
     LM's parameters as `fsdp_spec` lays them out (the embedding table and every stacked
     weight split over the 8 devices), and its logits equal the unsharded model's (float32:
     the sharded products only reorder sums)."""
@@ -228,3 +227,25 @@ def test_converted_model_sharded_over_8_devices_matches_unsharded():
     assert r["split"] >= 8, r  # embeddings, wq wk wv wo, gate/up/down: split, not replicated
     assert r["max_diff"] <= 1e-5 * r["scale"], r
     assert r["greedy_equal"], r
+
+
+def test_shard_is_public_and_names_bad_arguments():
+    """`itde.train.shard` is the public name of the placement training uses; a mesh that is
+    not a `Mesh`, one without the `"fsdp"` axis, or a bad `min_size` is refused by name."""
+    from jax.sharding import Mesh
+
+    from itde.train import make_mesh, shard
+    from itde.train import _sharding as shd
+
+    assert shard is shd.shard and "shard" in itde.train.__all__
+    tree = {"w": jnp.ones((4, 256)), "n": 3}
+    placed = shard(tree, make_mesh(fsdp=1))
+    assert placed["n"] == 3 and placed["w"].sharding.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(placed["w"]), np.ones((4, 256)))
+    with pytest.raises(TypeError, match="`mesh` must be a jax.sharding.Mesh"):
+        shard(tree, 8)
+    other = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    with pytest.raises(ValueError, match="without 'fsdp'"):
+        shard(tree, other)
+    with pytest.raises(ValueError, match="`min_size`=-1"):
+        shard(tree, make_mesh(fsdp=1), min_size=-1)
