@@ -16,8 +16,9 @@ and Llama-3.2-1B's, `tests/fixtures/hf_scale/*.json`) and each dtype (float32, b
 - `max_abs_diff`: the two last hidden states' largest difference (float32: round-off;
   bfloat16: both round at bfloat16's 2**-8);
 - `error_vs_float32` (bfloat16 rows): each side's largest error against the exact network
-  (the same rounded weights run by transformers in float32), for the last hidden state and
-  the logits: which side a difference comes from.
+  (the same rounded weights run by transformers in float32), for the last hidden state, the
+  logits and the hidden state after each layer but the last: which side a difference
+  comes from.
 
     python benchmarks/bench_hf_scale.py                  # both shapes, both dtypes (~10 min)
     python benchmarks/bench_hf_scale.py --shapes qwen2.5-0.5b --dtypes bfloat16
@@ -152,26 +153,34 @@ def measure(shape: str, dtype: str, tokens: int, repeats: int, tiny: bool) -> di
 def _errors_vs_float32(model, m, ids, ours, theirs) -> dict:
     """Each side's largest error against the exact network: the same (rounded) weights
     run by transformers in float32 (`model.float()`, after the timings), for the last
-    hidden state and the logits, with the exact output's largest magnitude (`scale`).
-    Which side a difference of the two comes from."""
+    hidden state, the logits, and the hidden state after each layer but the last (itde's
+    `trajectory`, transformers' `output_hidden_states`; the last comes back normalised),
+    with the exact values' largest magnitude (`scale`): which side a difference of the two
+    comes from."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     import torch
 
-    ours_logits = np.asarray(jax.jit(lambda lm, x: lm(x))(m, jnp.asarray(ids)).astype(jnp.float32))
+    ids_j = jnp.asarray(ids)
+    ours_logits = np.asarray(jax.jit(lambda lm, x: lm(x))(m, ids_j).astype(jnp.float32))
+    traj = jax.jit(lambda eq, u: eq.trajectory(u))(m.base.equation, m.base.embed(ids_j))
+    ours_layers = np.asarray(traj.astype(jnp.float32))
     x = torch.as_tensor(ids)[None]
     with torch.no_grad():
-        theirs_logits = model(x).logits[0].float().numpy()
+        out = model(x, output_hidden_states=True)
+        theirs_logits = out.logits[0].float().numpy()
+        theirs_layers = [h[0].float().numpy() for h in out.hidden_states]
         model.float()
         exact = model(x, output_hidden_states=True)
-    # hidden_states[-1] is the final norm's output, the last hidden state
-    exact_hidden = exact.hidden_states[-1][0].numpy()
-    exact_logits = exact.logits[0].numpy()
+    # hidden_states: the embeddings, the input of each layer, then the final norm's output
+    exact_layers = [h[0].numpy() for h in exact.hidden_states]
+    exact_hidden, exact_logits = exact_layers[-1], exact.logits[0].numpy()
 
     def err(a, b):
         return float(np.max(np.abs(a - b)))
 
+    inner = range(1, len(exact_layers) - 1)
     return {
         "hidden": {"itde": err(ours, exact_hidden), "transformers": err(theirs, exact_hidden),
                    "scale": float(np.max(np.abs(exact_hidden)))},
@@ -179,6 +188,9 @@ def _errors_vs_float32(model, m, ids, ours, theirs) -> dict:
                    "transformers": err(theirs_logits, exact_logits),
                    "itde_vs_transformers": err(ours_logits, theirs_logits),
                    "scale": float(np.max(np.abs(exact_logits)))},
+        "after_layer": {"itde": [err(ours_layers[i], exact_layers[i]) for i in inner],
+                        "transformers": [err(theirs_layers[i], exact_layers[i]) for i in inner],
+                        "scale": [float(np.max(np.abs(exact_layers[i]))) for i in inner]},
     }  # fmt: skip
 
 
@@ -232,6 +244,11 @@ def _print(r: dict) -> None:
         flush=True,
     )
     for what, e in r.get("error_vs_float32", {}).items():
+        if what == "after_layer":
+            for side in ("itde", "transformers"):
+                errs = " ".join(f"{x:.2g}" for x in e[side])
+                print(f"{'':>31}after each layer, {side} error: {errs}", flush=True)
+            continue
         print(
             f"{'':>31}{what} error vs the float32 network (scale {e['scale']:.3g}): itde "
             f"{e['itde']:.2g}, transformers {e['transformers']:.2g}",

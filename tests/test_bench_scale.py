@@ -44,3 +44,6 @@ def test_bench_hf_scale_tiny_writes_its_json(tmp_path):
         assert 0 < hidden["itde"] <= hidden["transformers"] <= 0.05 * hidden["scale"], r
         assert 0 < logits["itde"] <= 0.05 * logits["scale"], r
         assert 0 < logits["transformers"] <= 0.05 * logits["scale"], r
+        layers = r["error_vs_float32"]["after_layer"]  # 2 layers: the state after the first
+        assert len(layers["itde"]) == len(layers["transformers"]) == len(layers["scale"]) == 1
+        assert 0 < layers["itde"][0] <= layers["transformers"][0], r
