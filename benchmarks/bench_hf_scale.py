@@ -14,7 +14,11 @@ and Llama-3.2-1B's, `tests/fixtures/hf_scale/*.json`) and each dtype (float32, b
   apart) and transformers (`model.model(...)` under `torch.no_grad()`), in interleaved
   rounds; `forward_peak_bytes`: each forward's peak memory above the memory before it;
 - `max_abs_diff`: the two last hidden states' largest difference (float32: round-off;
-  bfloat16: both round at bfloat16's 2**-8).
+  bfloat16: both round at bfloat16's 2**-8);
+- `error_vs_float32` (bfloat16 rows): each side's largest error against the exact network
+  (the same rounded weights run by transformers in float32), for the last hidden state, the
+  logits and the hidden state after each layer but the last: which side a difference
+  comes from.
 
     python benchmarks/bench_hf_scale.py                  # both shapes, both dtypes (~10 min)
     python benchmarks/bench_hf_scale.py --shapes qwen2.5-0.5b --dtypes bfloat16
@@ -124,7 +128,7 @@ def measure(shape: str, dtype: str, tokens: int, repeats: int, tiny: bool) -> di
             times[name].append(time.perf_counter() - t)
             peaks[name] = max(peaks[name], _status("VmHWM") - before)
     fwd = {k: statistics.median(v) for k, v in times.items()}
-    return {
+    record = {
         "shape": shape + (" (tiny)" if tiny else ""),
         "dtype": dtype,
         "parameters": sum(p.numel() for p in params),
@@ -141,6 +145,53 @@ def measure(shape: str, dtype: str, tokens: int, repeats: int, tiny: bool) -> di
         "max_abs_diff": float(np.max(np.abs(ours - theirs))),
         "output_scale": float(np.max(np.abs(theirs))),
     }
+    if dtype != "float32":
+        record["error_vs_float32"] = _errors_vs_float32(model, m, ids, ours, theirs)
+    return record
+
+
+def _errors_vs_float32(model, m, ids, ours, theirs) -> dict:
+    """Each side's largest error against the exact network: the same (rounded) weights
+    run by transformers in float32 (`model.float()`, after the timings), for the last
+    hidden state, the logits, and the hidden state after each layer but the last (itde's
+    `trajectory`, transformers' `output_hidden_states`; the last comes back normalised),
+    with the exact values' largest magnitude (`scale`): which side a difference of the two
+    comes from."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    ids_j = jnp.asarray(ids)
+    ours_logits = np.asarray(jax.jit(lambda lm, x: lm(x))(m, ids_j).astype(jnp.float32))
+    traj = jax.jit(lambda eq, u: eq.trajectory(u))(m.base.equation, m.base.embed(ids_j))
+    ours_layers = np.asarray(traj.astype(jnp.float32))
+    x = torch.as_tensor(ids)[None]
+    with torch.no_grad():
+        out = model(x, output_hidden_states=True)
+        theirs_logits = out.logits[0].float().numpy()
+        theirs_layers = [h[0].float().numpy() for h in out.hidden_states]
+        model.float()
+        exact = model(x, output_hidden_states=True)
+    # hidden_states: the embeddings, the input of each layer, then the final norm's output
+    exact_layers = [h[0].numpy() for h in exact.hidden_states]
+    exact_hidden, exact_logits = exact_layers[-1], exact.logits[0].numpy()
+
+    def err(a, b):
+        return float(np.max(np.abs(a - b)))
+
+    inner = range(1, len(exact_layers) - 1)
+    return {
+        "hidden": {"itde": err(ours, exact_hidden), "transformers": err(theirs, exact_hidden),
+                   "scale": float(np.max(np.abs(exact_hidden)))},
+        "logits": {"itde": err(ours_logits, exact_logits),
+                   "transformers": err(theirs_logits, exact_logits),
+                   "itde_vs_transformers": err(ours_logits, theirs_logits),
+                   "scale": float(np.max(np.abs(exact_logits)))},
+        "after_layer": {"itde": [err(ours_layers[i], exact_layers[i]) for i in inner],
+                        "transformers": [err(theirs_layers[i], exact_layers[i]) for i in inner],
+                        "scale": [float(np.max(np.abs(exact_layers[i]))) for i in inner]},
+    }  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -192,6 +243,17 @@ def _print(r: dict) -> None:
         f"{r['compile_s']:.1f} s); max |diff| {r['max_abs_diff']:.2g}",
         flush=True,
     )
+    for what, e in r.get("error_vs_float32", {}).items():
+        if what == "after_layer":
+            for side in ("itde", "transformers"):
+                errs = " ".join(f"{x:.2g}" for x in e[side])
+                print(f"{'':>31}after each layer, {side} error: {errs}", flush=True)
+            continue
+        print(
+            f"{'':>31}{what} error vs the float32 network (scale {e['scale']:.3g}): itde "
+            f"{e['itde']:.2g}, transformers {e['transformers']:.2g}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -36,3 +36,14 @@ def test_bench_hf_scale_tiny_writes_its_json(tmp_path):
         # the same network: float32 round-off, or bfloat16's (2**-8 relative, a few roundings)
         tol = 1e-5 if r["dtype"] == "float32" else 0.1
         assert r["max_abs_diff"] <= tol * r["output_scale"], r
+        # bfloat16: each side against the float32 network, the hidden state the same one
+        # max_abs_diff compares (so the two errors bound it); itde keeps its residual
+        # stream in float32, so its hidden state is the closer one
+        hidden, logits = r["error_vs_float32"]["hidden"], r["error_vs_float32"]["logits"]
+        assert r["max_abs_diff"] <= hidden["itde"] + hidden["transformers"], r
+        assert 0 < hidden["itde"] <= hidden["transformers"] <= 0.05 * hidden["scale"], r
+        assert 0 < logits["itde"] <= 0.05 * logits["scale"], r
+        assert 0 < logits["transformers"] <= 0.05 * logits["scale"], r
+        layers = r["error_vs_float32"]["after_layer"]  # 2 layers: the state after the first
+        assert len(layers["itde"]) == len(layers["transformers"]) == len(layers["scale"]) == 1
+        assert 0 < layers["itde"][0] <= layers["transformers"][0], r

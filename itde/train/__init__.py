@@ -9,7 +9,8 @@
 - Models: [`TokenModel`][], [`FieldModel`][], [`build_model`][], [`with_depth`][],
   [`predict`][], [`loss_fn`][].
 - Training: [`train`][] (a [`TrainResult`][]), [`Run`][], [`make_step`][], [`make_optimizer`][],
-  [`evaluate`][]; the layout over devices [`make_mesh`][], [`fsdp_spec`][], [`place`][];
+  [`evaluate`][]; the layout over devices [`make_mesh`][], [`fsdp_spec`][], [`place`][],
+  [`shard`][] (a model on a mesh, e.g. a converted model too large for one device);
   checkpoints [`save_checkpoint`][], [`load_checkpoint`][], [`read_checkpoint_meta`][],
   [`CheckpointError`][]; continuity terms [`DepthRegularisation`][].
 - A trained run: [`load`][]`(directory)` -> `(model, cfg, meta)`.
@@ -58,7 +59,7 @@ from ._loop import (
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer, coarsen
 from ._sample import sample, sample_stream
-from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh
+from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh, shard
 from ._task import AbstractTask, AbstractTokenTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 
@@ -116,6 +117,7 @@ __all__ = [
     "sample",
     "sample_stream",
     "save_checkpoint",
+    "shard",
     "to_dict",
     "token_model_from_lm",
     "train",

@@ -97,10 +97,45 @@ def fsdp_sharding(x, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> NamedShardin
 
 
 def shard(tree, mesh: Mesh, min_size: int = MIN_SHARD_SIZE):
-    """Put every array leaf of `tree` (a model, an optimiser state) on its FSDP layout
-    on `mesh` (replicated where `mesh` has `fsdp = 1`). Works across hosts: each process
-    supplies its own shards of the same global value, which must be on the host or fully
-    addressable (an initial or restored state)."""
+    """Put every array leaf of `tree` (a model, an optimiser state) on `mesh`, each laid
+    out as [`fsdp_spec`][itde.train.fsdp_spec] lays out its shape: split over the mesh's
+    `"fsdp"` axis along its largest divisible axis, replicated where it is small, has no
+    divisible axis or the mesh has `fsdp = 1`.
+
+    Training places its state with it; it also serves inference on a model that does not
+    fit one device, e.g. a converted Hugging Face model:
+
+        lm = itde.train.shard(itde.from_hf(model), itde.train.make_mesh(fsdp=8))
+        logits = jax.jit(lambda m, x: m(x))(lm, ids)   # XLA gathers the weights per use
+
+    The sharded model computes the same function (the sharded products only reorder
+    sums). Works across hosts: each process supplies its own shards of the same global
+    value, which must be on the host or fully addressable (an initial or restored state).
+
+    **Arguments:**
+
+    - `tree`: any PyTree; its non-array leaves (static fields, None) are kept as they are.
+    - `mesh`: a `jax.sharding.Mesh` with an axis `"fsdp"`, e.g.
+      [`make_mesh`][itde.train.make_mesh]`(fsdp=n)`.
+    - `min_size`: arrays with fewer elements stay replicated (default
+      [`MIN_SHARD_SIZE`][itde.train.MIN_SHARD_SIZE]).
+
+    **Returns:** `tree` with every array leaf a `jax.Array` on `mesh`.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh, got {type(mesh).__name__}; build one with "
+            "itde.train.make_mesh(fsdp=n)."
+        )
+    if FSDP not in mesh.axis_names:
+        raise ValueError(
+            f"`mesh` has the axes {tuple(mesh.axis_names)}, without {FSDP!r}, the axis "
+            "parameters are split over; build it with itde.train.make_mesh(devices, fsdp)."
+        )
+    if isinstance(min_size, bool) or not isinstance(min_size, int | np.integer) or min_size < 0:
+        raise ValueError(
+            f"`min_size`={min_size!r} must be a non-negative integer (a number of elements)."
+        )
 
     def put(x):
         if not eqx.is_array(x):
