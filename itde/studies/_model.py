@@ -187,7 +187,7 @@ def model_depth_study(
 
     **Returns:** a dict (JSON-ready without `"outputs"`): `"results"` (one row per scheme:
     `dt`, relative `errors` against the reference, `observed_order`, `expected_order`,
-    and `order_check`: whether the slope has settled, see [`order_check`][]),
+    and `order_check`: whether the slope has settled, see `order_check`),
     `"network"` (its scheme, step and relative distance to the limit), `"reference"`
     and `"model"`.
     """
