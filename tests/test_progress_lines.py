@@ -193,9 +193,9 @@ def test_full_is_the_full_step_set_and_refuses_steps(tmp_path, capsys, monkeypat
     argv = ["converge", "--hf", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main(argv) == 130 and main([*argv, "--full"]) == 130
     assert main([*argv, "--steps", "3", "5"]) == 130
-    assert got == [(1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (3, 5)]
+    assert got == [(1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), (3, 5)]
     assert got[:2] == [_model_study.DEFAULT_STEPS, _model_study.FULL_STEPS]
-    # the default: 4 inputs, a reference 2x finer than 8 steps; --full: today's full study
+    # the default: 4 inputs, a reference 2x finer than 16 steps; --full: the full study
     assert sizes == [(4, 2), (8, 4), (4, 2)]
     assert main([*argv, "--full", "--inputs", "3"]) == 130 and sizes[-1] == (3, 4)
     del got[-1], sizes[-1]
