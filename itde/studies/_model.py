@@ -350,8 +350,10 @@ def order_lines(result: dict) -> list[str]:
                     f"the last two pairs ({c['previous']:.2f} -> {c['slope']:.2f}); "
                     f"not an order: {advice}")  # fmt: skip
         elif c["verdict"] == "reference-limited":
-            text = ("REFERENCE-LIMITED: the finest error is near the reference's own; "
-                    "not an order: refine the reference")
+            text = (
+                "REFERENCE-LIMITED: the finest error is near the reference's own; "
+                "not an order: refine the reference"
+            )
         else:
             text = f"UNDETERMINED: one pair only, no second slope to compare; {advice}"
         lines.append(head + text)
