@@ -117,6 +117,8 @@ def test_model_study_says_each_stage_before_the_reference_finishes(monkeypatch):
     during = seen[1][2][len(seen[0][2]) :].splitlines()
     assert [re.match(r"model depth study: \[1/5\] reference: +(\d+)% ", t).group(1)
             for t in during] == ["25", "50", "75", "100"], during  # fmt: skip
+    # each with the whole study's estimate, from the reference's rate so far
+    assert all(re.search(r", the study: about .+ in all\]$", t) for t in during), during
     text = [t for t in err.getvalue().splitlines() if "%" not in t]  # the stage lines
     assert re.fullmatch(r"model depth study: \[1/5\] took .+; about .+ in all, .+ left", text[2])
     assert [t.split("] ")[1] for t in text if t.endswith("...")] == [

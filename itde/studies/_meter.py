@@ -22,14 +22,16 @@ import jax.numpy as jnp
 # diffrax's host-side registry of open bars (threads each callback's bar through the solve)
 from diffrax._progress_meter import _progress_meter_manager as _manager
 
-_CURRENT: list[tuple[str, bool]] = []  # (label, enabled) of the solves now running
+_CURRENT: list[tuple] = []  # (label, enabled, postfix) of the solves now running
 
 
 @contextlib.contextmanager
-def solve_progress(desc: str, *, enabled: bool = True):
+def solve_progress(desc: str, *, enabled: bool = True, postfix=None):
     """Label the `StageMeter` of the solves run inside (`desc: 40% ... [12s<18s]`); with
-    `enabled` false they show nothing."""
-    _CURRENT.append((desc, enabled))
+    `enabled` false they show nothing. `postfix(fraction, seconds)`, if given, says more
+    at each refresh from the fraction of the solve done and the seconds it has run (e.g.
+    an estimate of the whole computation the solve is part of)."""
+    _CURRENT.append((desc, enabled, postfix))
     try:
         yield
     finally:
@@ -39,12 +41,17 @@ def solve_progress(desc: str, *, enabled: bool = True):
 def _open():
     from .._progress import progress_bar
 
-    desc, enabled = _CURRENT[-1] if _CURRENT else ("solve", False)
-    return progress_bar(100, desc, enabled=enabled, unit="%")
+    desc, enabled, postfix = _CURRENT[-1] if _CURRENT else ("solve", False, None)
+    bar = progress_bar(100, desc, enabled=enabled, unit="%")
+    bar.itde_postfix = postfix if enabled else None
+    return bar
 
 
 def _step(bar, progress) -> None:
     bar.n = math.floor(100 * float(progress))  # whole percents
+    postfix = getattr(bar, "itde_postfix", None)
+    if postfix is not None and float(progress) > 0:
+        bar.set_postfix_str(postfix(float(progress), bar.format_dict["elapsed"]), refresh=False)
     bar.update(n=0)
     bar.refresh()
 

@@ -136,6 +136,25 @@ def solve_cost(scheme: str, depth: float, dt: float) -> float:
     return math.ceil(depth / dt - 1e-9) * stages
 
 
+def _whole_estimate(t_start: float, costs, compiles, k: int):
+    """The `postfix` of solve `k`'s bar: the whole study's estimated time, from the rate of
+    this solve so far (time per unit of cost) and, for each solve still to compile, the
+    time this one spent before its first step (its compilation)."""
+    from .._progress import format_duration
+
+    t_stage = time.perf_counter()
+
+    def whole(fraction: float, run_s: float) -> str:
+        now = time.perf_counter()
+        rate = run_s / (fraction * costs[k])
+        compile_s = max(0.0, now - t_stage - run_s)
+        left = (1 - fraction) * costs[k] * rate + sum(costs[k + 1 :]) * rate
+        left += compile_s * sum(compiles[k + 1 :])
+        return f"the study: about {format_duration(now - t_start + left)} in all"
+
+    return whole
+
+
 def model_depth_study(
     equation: TransformerIDE,
     u0,
@@ -243,8 +262,9 @@ def model_depth_study(
         rest = list(zip(costs[k + 1 :], compiles[k + 1 :], strict=True))
         with stages.stage(f"{label}, {n} steps", costs[k], compiles[k], remaining=rest):
             if k < 2:  # the long solves: a bar inside them (compiled once for both)
+                whole = _whole_estimate(t_start, costs, compiles, k)
                 with solve_progress(f"model depth study: [{k + 1}/{len(plan)}] {what}",
-                                    enabled=progress):  # fmt: skip
+                                    enabled=progress, postfix=whole):  # fmt: skip
                     y = run(model, name, dt, StageMeter())
             else:
                 y = run(model, name, dt)
