@@ -95,9 +95,9 @@ def test_model_study_says_each_stage_before_the_reference_finishes(monkeypatch):
     seen = []  # what stderr held when each solve started and finished
     real = _model._final
 
-    def spy(model, u0, mask, dt, name, max_steps):
+    def spy(model, u0, mask, dt, name, max_steps, meter=None):
         seen.append(("start", name, err.getvalue()))
-        y = real(model, u0, mask, dt, name, max_steps)
+        y = real(model, u0, mask, dt, name, max_steps, meter)
         jax.block_until_ready(y)
         seen.append(("end", name, err.getvalue()))
         return y
@@ -107,14 +107,19 @@ def test_model_study_says_each_stage_before_the_reference_finishes(monkeypatch):
     u0 = jax.random.normal(jax.random.key(0), (2, 5, 8), jnp.float64)
     r = model_depth_study(m, u0, schemes=("lie",), steps=(1, 2), reference_refinement=2)
     # the reference (Dopri8, 14 stages, 4 steps) is announced before it starts, with the
-    # plan, and nothing else is said until it ends
+    # plan, and while it runs only its own bar speaks: a line per quarter (one a step),
+    # all of them before the solve returns
     assert seen[0][:2] == ("start", "dopri8")
     lines = seen[0][2].splitlines()
     assert lines[0].startswith("model depth study: 5 solves of 2 inputs x 5 tokens")
     assert re.fullmatch(r"model depth study: \[1/5\] reference \(projected Dopri8, "
                         r"dt=0.25\), 4 steps \.\.\.", lines[1])  # fmt: skip
-    assert seen[1][2] == seen[0][2]
-    text = err.getvalue().splitlines()
+    during = seen[1][2][len(seen[0][2]) :].splitlines()
+    assert [re.match(r"model depth study: \[1/5\] reference: +(\d+)% ", t).group(1)
+            for t in during] == ["25", "50", "75", "100"], during  # fmt: skip
+    # each with the whole study's estimate, from the reference's rate so far
+    assert all(re.search(r", the study: about .+ in all\]$", t) for t in during), during
+    text = [t for t in err.getvalue().splitlines() if "%" not in t]  # the stage lines
     assert re.fullmatch(r"model depth study: \[1/5\] took .+; about .+ in all, .+ left", text[2])
     assert [t.split("] ")[1] for t in text if t.endswith("...")] == [
         "reference (projected Dopri8, dt=0.25), 4 steps ...",
@@ -125,9 +130,15 @@ def test_model_study_says_each_stage_before_the_reference_finishes(monkeypatch):
     ]
     assert text[-1].startswith("model depth study: [5/5] took ") and "done in" in text[-1]
     assert len(text) == 11 and len(seen) == 10
+    assert len(err.getvalue().splitlines()) == 11 + 4 + 2  # the check's bar: 2 steps
     # the errors are still each solve's distance to the reference
     assert r["results"][0]["errors"][0] == pytest.approx(r["network"]["distance_to_limit"])
     assert [s[1] for s in seen[::2]] == ["dopri8", "dopri8", "lie", "lie", "lie"]
+    # progress=False: not a line, the bars inside the reference solves included (compiled)
+    before = err.getvalue()
+    model_depth_study(m, u0, schemes=("lie",), steps=(1, 2), reference_refinement=2,
+                      progress=False)  # fmt: skip
+    assert err.getvalue() == before and len(seen) == 20
 
 
 CONVERGE_TINY = """\
@@ -168,11 +179,15 @@ def test_full_is_the_full_step_set_and_refuses_steps(tmp_path, capsys, monkeypat
     (tmp_path / "config.json").write_text("{}")
     got = []
 
+    sizes = []  # (inputs, reference refinement) of each study
+
     def problem(directory, text, n):  # the model is not what this test is about
+        sizes.append(n)
         return None, None, None, None, ("lie", None), "a model"
 
-    def study(eq, u0, *, steps, **kw):  # the study's arguments, not its work
+    def study(eq, u0, *, steps, reference_refinement, **kw):  # its arguments, not its work
         got.append(steps)
+        sizes[-1] = (sizes[-1], reference_refinement)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(_model_study, "_hf_problem", problem)
@@ -180,8 +195,12 @@ def test_full_is_the_full_step_set_and_refuses_steps(tmp_path, capsys, monkeypat
     argv = ["converge", "--hf", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main(argv) == 130 and main([*argv, "--full"]) == 130
     assert main([*argv, "--steps", "3", "5"]) == 130
-    assert got == [(1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (3, 5)]
+    assert got == [(1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), (3, 5)]
     assert got[:2] == [_model_study.DEFAULT_STEPS, _model_study.FULL_STEPS]
+    # the default: 4 inputs, a reference 2x finer than 16 steps; --full: the full study
+    assert sizes == [(4, 2), (8, 4), (4, 2)]
+    assert main([*argv, "--full", "--inputs", "3"]) == 130 and sizes[-1] == (3, 4)
+    del got[-1], sizes[-1]
     capsys.readouterr()
     assert main([*argv, "--full", "--steps", "1", "2"]) == 2
     assert ("`--full` and `--steps`=1 2: give one (--full is --steps 1 2 4 8 16 32)"
@@ -243,3 +262,81 @@ def test_gallery_stages_say_each_item_before_its_work(monkeypatch):
     assert lines[-1].startswith("demo: [3/3] took ") and len(lines) == 6
     with pytest.raises(ValueError, match=r"stage 'B': `cost`=0 must be > 0"):
         list(_gallery.each_stage("demo", ["a", "b"], [1, 0], ["A", "B"]))
+
+
+def test_order_check_says_whether_a_slope_is_an_order():
+    from itde.studies._model import order_check
+
+    dts = [1.0, 0.5, 0.25, 0.125]
+    settled = order_check(dts, [4.0 * h**2 * (1 + 0.01 * h) for h in dts])
+    assert settled["verdict"] == "settled" and abs(settled["slope"] - 2) < 0.01
+    # errors that bend: slopes 1, 2, 3 (still changing by 1 at the finest pair)
+    bent = order_check(dts, [1.0, 0.5, 0.125, 0.015625])
+    assert bent["verdict"] == "pre-asymptotic"
+    assert bent["slope"] == pytest.approx(3) and bent["previous"] == pytest.approx(2)
+    assert bent["change"] == pytest.approx(1)
+    # the slope moves by 0.15 (settled) or by 0.3 (not) at the default tolerance 0.2
+    for step, verdict in ((0.15, "settled"), (0.3, "pre-asymptotic")):
+        e = [1.0, 0.5**2, 0.5 ** (2 + 2 + step)]
+        assert order_check(dts[:3], e)["verdict"] == verdict
+    assert order_check(dts[:2], [1.0, 0.25])["verdict"] == "undetermined"
+    # the finest error within 10x of the reference's own: no order to read
+    ref = order_check(dts, [1.0, 0.25, 1 / 16, 1 / 64], reference_error=1 / 640 + 1e-9)
+    assert ref["verdict"] == "reference-limited"
+    # round-off points are left out before the pairs are formed
+    assert order_check(dts, [1.0, 0.25, 1 / 16, 1e-15])["verdict"] == "settled"
+
+
+@pytest.mark.slow  # two studies of a tiny BERT: about a minute on 2 busy cores
+@pytest.mark.runs("converge --hf")
+def test_reference_bar_comes_before_the_result_and_no_progress_silences_it(
+    tmp_path, capsys, monkeypatch
+):  # fmt: skip
+    directory, text = _tiny_bert(tmp_path)
+    real, said = _model._final, []
+
+    def spy(model, u0, mask, dt, name, max_steps, meter=None):
+        y = jax.block_until_ready(real(model, u0, mask, dt, name, max_steps, meter))
+        said.append((name, capsys.readouterr()))  # what was printed when this solve returned
+        return y
+
+    monkeypatch.setattr(_model, "_final", spy)
+    argv = ["converge", "--hf", str(directory), "--text", str(text), "--inputs", "2",
+            "--steps", "1", "2", "--out", str(tmp_path / "o")]  # fmt: skip
+    assert main(argv) == 0
+    name, first = said[0]
+    assert name == "dopri8" and first.out == ""  # nothing of the result yet
+    # the reference (1 layer at 2 x 2 steps: dt 1/4) drew its bar while it ran: a line a step
+    bar = re.findall(r"\[1/9\] reference: +(\d+)% ", first.err)
+    assert bar == ["25", "50", "75", "100"], first.err
+    assert first.err.index("[1/9] reference (projected Dopri8") < first.err.index("25%")
+    rest = capsys.readouterr().out
+    assert "PRE-ASYMPTOTIC" in rest or "settled" in rest or "UNDETERMINED" in rest
+    assert "UNDETERMINED: one pair only" in rest and "run with --full" in rest
+    said.clear()
+    assert main([*argv, "--no-progress"]) == 0
+    # (transformers' own "Loading weights" bar is not the study's)
+    assert all("model depth study" not in c.err for _, c in said), [c.err for _, c in said]
+    assert "model depth study" not in capsys.readouterr().err
+    assert len(said) == 9
+
+
+def test_grid_study_says_its_plan_and_each_reference_first(tmp_path, capsys, monkeypatch):
+    from itde.studies import _grid
+
+    def stop(rule, n):  # stop once the first reference is solved: the rest is the bar's
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_grid, "_nodes_for", stop)
+    # the lines, not the solves: each functional (a compilation) is replaced by a number
+    monkeypatch.setattr(_grid.GridProblem, "functional", lambda self, grid, n, fn: 0.5)
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text("[study]\nnodes = [4, 8]\nreference_nodes = 12\nrules = ['midpoint']\n"
+                   "layers = 1\nmodes = 2\n")  # fmt: skip
+    assert main(["converge", "--axis", "features", "--config", str(cfg),
+                 "--out", str(tmp_path / "o")]) == 130  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("features convergence: 1 rows (midpoint) x 2 grids of 4, 8 nodes")
+    assert err[1] == "features convergence: reference: 12 Gauss-Legendre nodes ..."
+    assert re.fullmatch(r"features convergence: reference: 12 Gauss-Legendre nodes took .+",
+                        err[2])  # fmt: skip

@@ -170,7 +170,7 @@ def _row(name, label, ns, errors, expected, kind="n") -> dict:
 
 def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) -> dict:
     """Run the `tokens`, `features` or `all` study; JSON-ready result (`"n"` for `"dt"`)."""
-    from .._progress import progress_bar
+    from .._progress import progress_bar, stage_line
 
     if not jax.config.jax_enable_x64:
         raise RuntimeError("the convergence study runs in float64: enable jax_enable_x64 first.")
@@ -183,7 +183,16 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
             rows += [(f"causal-{r}", r) for r in s.rules]
     else:
         rows = [(f"{sch}+{r}", r) for sch, r in ALL_ROWS]
-    bar = progress_bar(len(rows) * (len(s.nodes) + 1), f"{axis} convergence", enabled=progress)
+    desc = f"{axis} convergence"
+    if progress:  # the plan first, before any compilation
+        import sys
+
+        print(f"{desc}: {len(rows)} rows ({', '.join(n for n, _ in rows)}) x "
+              f"{len(s.nodes)} grids of {', '.join(map(str, s.nodes))} nodes, each against a "
+              f"reference on {s.reference_nodes} Gauss-Legendre nodes (the references are "
+              "said when they start; the bar counts rows' grids and references)",
+              file=sys.stderr, flush=True)  # fmt: skip
+    bar = progress_bar(len(rows) * (len(s.nodes) + 1), desc, enabled=progress)
     references = {}
     causal_refs = {}
     for name, rule_name in rows:
@@ -219,15 +228,23 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
                 expected = 1.0
             method = "gregory" if rule_name == "gauss-legendre" else "spectral"
             if method not in causal_refs:
-                causal_refs[method] = _causal_reference(problem, method, s.reference_nodes)
+                what = ("causal reference: spectral, " f"{s.reference_nodes} Gauss-Legendre nodes"
+                        if method == "spectral" else "causal reference: Gregory on "
+                        f"{' and '.join(map(str, GREGORY_REFERENCE_NODES))} nodes")  # fmt: skip
+                with stage_line(desc, what, enabled=progress):
+                    causal_refs[method] = _causal_reference(problem, method, s.reference_nodes)
             ref = causal_refs[method]
         else:
             ref_key = (periodic, axis)
             if ref_key not in references:
                 grid, nt = _grid(axis, _gl(), s.reference_nodes)
-                references[ref_key] = problem.functional(
-                    grid, nt, jax.jit(ref_fn) if ref_fn else jax.jit(_lie_dt1)
-                )
+                what = (f"reference{' (periodic data)' if periodic else ''}: "
+                        f"{s.reference_nodes} Gauss-Legendre nodes"
+                        + (", projected Dopri8" if ref_fn else ""))  # fmt: skip
+                with stage_line(desc, what, enabled=progress):
+                    references[ref_key] = problem.functional(
+                        grid, nt, jax.jit(ref_fn) if ref_fn else jax.jit(_lie_dt1)
+                    )
             ref = references[ref_key]
         bar.update()
         ns, errors = [], []

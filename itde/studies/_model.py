@@ -75,15 +75,56 @@ def _check(equation, u0, schemes, steps, network, refinement, asymptotic) -> Non
 
 
 @eqx.filter_jit
-def _final(model, u0, mask, dt, name: str, max_steps: int):
+def _final(model, u0, mask, dt, name: str, max_steps: int, progress_meter=None):
     """The model's output map of $u(T)$ for a batch, one compilation per scheme and model
-    (the step is traced: constant steps, which divide every layer here)."""
+    (the step is traced: constant steps, which divide every layer here); `progress_meter`
+    as `itde.solve`'s (a `StageMeter` for the reference: a line each tenth of the solve)."""
     s = SCHEMES[name]
     sol = solve(
         model, u0, solver=s.make(), terms=s.terms, dt0=dt, batched=True, args=mask,
         stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps,
+        progress_meter=progress_meter,
     )  # fmt: skip
     return jax.vmap(model.output)(sol.ys[-1])
+
+
+#: The observed order is called settled when the slope of its finest pair differs from that
+#: of the pair before by at most this much; else it is reported as pre-asymptotic.
+SETTLED_SLOPE_CHANGE = 0.2
+#: Errors below this many times the reference's own estimated error are reference-limited.
+REFERENCE_MARGIN = 10.0
+
+
+def order_check(dts, errors, *, floor: float = 1e-12, reference_error: float = 0.0,
+                tolerance: float = SETTLED_SLOPE_CHANGE) -> dict:  # fmt: skip
+    """Whether an observed order (the slope of the finest pair) can be read as the order.
+
+    From the points above the round-off `floor`: `slope` of the finest pair, `previous` of
+    the pair before (None with fewer than three points), `change` = |slope - previous|,
+    and `verdict`: `"settled"` (change <= `tolerance`), `"pre-asymptotic"` (the slope still
+    moves: refine further), `"undetermined"` (fewer than three points, no second pair to
+    compare with) or `"reference-limited"` (the finest error is within
+    `REFERENCE_MARGIN` times `reference_error`, the reference's own estimated error).
+    """
+    pts = sorted(
+        ((float(h), float(e)) for h, e in zip(dts, errors, strict=True)
+         if math.isfinite(e) and e > floor),
+        reverse=True,
+    )  # fmt: skip
+    slopes = [
+        math.log(e0 / e1) / math.log(h0 / h1)
+        for (h0, e0), (h1, e1) in zip(pts[:-1], pts[1:], strict=True)
+    ]
+    slope = slopes[-1] if slopes else float("nan")
+    previous = slopes[-2] if len(slopes) >= 2 else None
+    change = None if previous is None else abs(slope - previous)
+    if pts and pts[-1][1] <= REFERENCE_MARGIN * reference_error:
+        verdict = "reference-limited"
+    elif change is None:
+        verdict = "undetermined"
+    else:
+        verdict = "settled" if change <= tolerance else "pre-asymptotic"
+    return {"slope": slope, "previous": previous, "change": change, "verdict": verdict}
 
 
 def solve_cost(scheme: str, depth: float, dt: float) -> float:
@@ -93,6 +134,25 @@ def solve_cost(scheme: str, depth: float, dt: float) -> float:
     tableau = getattr(getattr(solver, "solver", solver), "tableau", None)
     stages = 1 if tableau is None else len(tableau.c) + 1
     return math.ceil(depth / dt - 1e-9) * stages
+
+
+def _whole_estimate(t_start: float, costs, compiles, k: int):
+    """The `postfix` of solve `k`'s bar: the whole study's estimated time, from the rate of
+    this solve so far (time per unit of cost) and, for each solve still to compile, the
+    time this one spent before its first step (its compilation)."""
+    from .._progress import format_duration
+
+    t_stage = time.perf_counter()
+
+    def whole(fraction: float, run_s: float) -> str:
+        now = time.perf_counter()
+        rate = run_s / (fraction * costs[k])
+        compile_s = max(0.0, now - t_stage - run_s)
+        left = (1 - fraction) * costs[k] * rate + sum(costs[k + 1 :]) * rate
+        left += compile_s * sum(compiles[k + 1 :])
+        return f"the study: about {format_duration(now - t_start + left)} in all"
+
+    return whole
 
 
 def model_depth_study(
@@ -108,6 +168,7 @@ def model_depth_study(
     asymptotic: int | None = 2,
     keep_outputs: bool = False,
     progress: bool = True,
+    advice: str = "refine further (smaller steps)",
 ) -> dict:
     """Refine the depth of a model's equation and measure its distance to its limit.
 
@@ -138,13 +199,19 @@ def model_depth_study(
       asymptotic range.
     - `keep_outputs`: add `"outputs"`, the readouts of the network and of the reference
       (NumPy arrays; not JSON).
+    - `progress`: a line per solve on stderr with an estimate of the whole, and inside each
+      reference solve a bar (tqdm on a terminal, a line each tenth in a log).
+    - `advice`: what the printed verdict tells a user to do when an order is
+      pre-asymptotic (the command line says `run --full`).
 
     **Returns:** a dict (JSON-ready without `"outputs"`): `"results"` (one row per scheme:
-    `dt`, relative `errors` against the reference, `observed_order`, `expected_order`),
+    `dt`, relative `errors` against the reference, `observed_order`, `expected_order`,
+    and `order_check`: whether the slope has settled, see `order_check`),
     `"network"` (its scheme, step and relative distance to the limit), `"reference"`
     and `"model"`.
     """
     from .._progress import Stages
+    from ._meter import StageMeter, solve_progress
 
     schemes, steps = tuple(schemes), tuple(steps)
     _check(equation, u0, schemes, steps, network, reference_refinement, asymptotic)
@@ -164,8 +231,8 @@ def model_depth_study(
     ref_dt = finest / reference_refinement
     max_steps = math.ceil(float(equation.depth) / ref_dt) + 2
 
-    def run(model, name: str, dt: float):
-        y = _final(model, u0, mask, jnp.asarray(dt, jnp.float64), name, max_steps)
+    def run(model, name: str, dt: float, meter=None):
+        y = _final(model, u0, mask, jnp.asarray(dt, jnp.float64), name, max_steps, meter)
         return np.asarray(readout(y, mask))
 
     net_scheme, net_dt = network[0], h0 if network[1] is None else float(network[1])
@@ -194,12 +261,21 @@ def model_depth_study(
         n = math.ceil(depth / dt - 1e-9)
         rest = list(zip(costs[k + 1 :], compiles[k + 1 :], strict=True))
         with stages.stage(f"{label}, {n} steps", costs[k], compiles[k], remaining=rest):
-            y = run(model, name, dt)
+            if k < 2:  # the long solves: a bar inside them (compiled once for both)
+                whole = _whole_estimate(t_start, costs, compiles, k)
+                with solve_progress(f"model depth study: [{k + 1}/{len(plan)}] {what}",
+                                    enabled=progress, postfix=whole):  # fmt: skip
+                    y = run(model, name, dt, StageMeter())
+            else:
+                y = run(model, name, dt)
         if k < 3:
             outs.append(y)
         else:  # compared at once: a model's readouts (logits) are not all kept
             errors.append(_relative(y, outs[0]))
     ref, coarse, net = outs
+    self_error = _relative(coarse, ref)
+    # the reference's own error: its change against 2 dt over (2^8 - 1) for Dopri8's order 8
+    ref_error = self_error / (2.0 ** SCHEMES["dopri8"].order - 1.0)
     rows = []
     for i, name in enumerate(schemes):
         dts = [h0 / n for n in steps]
@@ -210,6 +286,7 @@ def model_depth_study(
                 "label": SCHEMES[name].label,
                 "expected_order": float(SCHEMES[name].order),
                 "observed_order": study_order(dts, errs, asymptotic=asymptotic),
+                "order_check": order_check(dts, errs, reference_error=ref_error),
                 "dt": dts,
                 "errors": errs,
             }
@@ -240,10 +317,12 @@ def model_depth_study(
         "reference": {
             "scheme": "dopri8",
             "dt": ref_dt,
-            "self_error": _relative(coarse, ref),
+            "self_error": self_error,
+            "estimated_error": ref_error,
         },
         "results": rows,
         "asymptotic": asymptotic,
+        "advice": advice,
         "wall_s": time.perf_counter() - t_start,
     }
     if keep_outputs:
@@ -268,7 +347,37 @@ def format_model_study(result: dict) -> str:
         "(relative) from the continuum limit of its equation",
         format_table(result),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + order_lines(result))
+
+
+def order_lines(result: dict) -> list[str]:
+    """What the observed orders may be read as: a line per scheme with the verdict of its
+    `order_check` (rows without one, from an older result, are left out)."""
+    rows = [r for r in result["results"] if "order_check" in r]
+    if not rows:
+        return []
+    advice = result.get("advice", "refine further (smaller steps)")
+    lines = [f"observed order = slope of the finest pair; it is an order only once settled "
+             f"(the pair before within {SETTLED_SLOPE_CHANGE:g} of it):"]  # fmt: skip
+    width = max(len(r["scheme"]) for r in rows)
+    for r in rows:
+        c = r["order_check"]
+        head = f"  {r['scheme']:<{width}} {c['slope']:6.2f}  "
+        if c["verdict"] == "settled":
+            text = f"settled (the pair before: {c['previous']:.2f})"
+        elif c["verdict"] == "pre-asymptotic":
+            text = (f"PRE-ASYMPTOTIC: the slope still changes by {c['change']:.2f} between "
+                    f"the last two pairs ({c['previous']:.2f} -> {c['slope']:.2f}); "
+                    f"not an order: {advice}")  # fmt: skip
+        elif c["verdict"] == "reference-limited":
+            text = (
+                "REFERENCE-LIMITED: the finest error is near the reference's own; "
+                "not an order: refine the reference"
+            )
+        else:
+            text = f"UNDETERMINED: one pair only, no second slope to compare; {advice}"
+        lines.append(head + text)
+    return lines
 
 
 def figure_model_study(result: dict):
@@ -282,6 +391,9 @@ def figure_model_study(result: dict):
     for i, r in enumerate(rows):
         q = r["observed_order"]
         order = f"order {q:.2f}" if math.isfinite(q) else "at round-off"
+        verdict = r.get("order_check", {}).get("verdict", "settled")
+        if math.isfinite(q) and verdict != "settled":
+            order = f"slope {q:.2f}, {verdict}"
         ax.loglog(r["dt"], np.maximum(r["errors"], ZERO_AT), "-", **series_style(i, len(rows)),
                   label=f"{r['scheme']}: {order} (expected {r['expected_order']:g})")  # fmt: skip
     net = result["network"]
