@@ -110,15 +110,16 @@ def test_gpu_script_compiled_torch_baseline(tmp_path):
     assert r["torch_compiled"] is True and r["records"][0]["torch_compile_s"] > 0
 
 
-def test_gpu_script_refuses_cudnn_without_a_gpu(tmp_path):
+def test_gpu_script_refuses_cudnn_without_a_gpu(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     out = tmp_path / "gpu.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--impls", "cudnn", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu",
-             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "solvers")])},
-    )  # fmt: skip
-    assert proc.returncode == 2 and "--impls cudnn needs an NVIDIA GPU" in proc.stderr
+    with pytest.raises(SystemExit) as e:  # argparse's error: exit status 2
+        gpu.main(["--tiny", "--impls", "cudnn", "--out", str(out)])
+    assert e.value.code == 2 and "--impls cudnn needs an NVIDIA GPU" in capsys.readouterr().err
     assert not out.exists()
 
 
