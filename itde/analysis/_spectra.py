@@ -50,7 +50,7 @@ from jaxtyping import Array, Complex, Float
 from .._controls import PiecewiseConstant
 from .._equation import TransformerIDE
 from .._operators._attention import Attention
-from ._common import equation_of
+from ._common import _one_at_a_time, equation_of
 
 
 class HeadSpectra(eqx.Module):
@@ -121,20 +121,6 @@ def _sorted_eigenvalues(lam):
     """Decreasing modulus; of equal moduli (a conjugate pair), positive imaginary first."""
     order = jnp.lexsort((-lam.imag, -jnp.abs(lam)), axis=-1)
     return jnp.take_along_axis(lam, order, axis=-1)
-
-
-def _one_at_a_time(f, *xs):
-    """`f` mapped over the leading axes of `xs` (each `[..., m, n]`) one matrix at a time
-    (`jax.lax.map`), never as one batched LAPACK call: jaxlib's batched CPU kernels
-    (`ParallelBatchMap` in its QR, SVD and eigenvalue kernels) split a batch over XLA's
-    thread pool and, two of them side by side on a two-thread CPU, wait on each other
-    forever (observed at SmolLM2's size: 30 layers of 9 heads)."""
-    lead = xs[0].shape[:-2]
-    if not lead:
-        return f(*xs)
-    flat = tuple(x.reshape(-1, *x.shape[-2:]) for x in xs)
-    out = jax.lax.map(lambda x: f(*x), flat)
-    return jax.tree.map(lambda o: o.reshape(*lead, *o.shape[1:]), out)
 
 
 def _product_spectrum(a, b):
