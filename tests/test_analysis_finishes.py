@@ -172,16 +172,14 @@ def eqx_float(a):
 
 def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch):
     """`analyze(progress=...)`: the plan first, then a line per stage; the estimate of the
-    whole run ("expects about ...") comes after the first warm interval and before the
-    exponents' long work (the whole depth and the token exponents), every later stage line
-    with an updated estimate."""
+    whole run ("expects about ...") comes after the first warm interval (the second) and
+    before the exponents' long work (the whole depth and the token exponents), every later
+    stage line but the last with an updated estimate."""
     import io
 
     from itde.analysis import _report
 
     m, u0 = model
-    m3 = itde.TransformerIDE.init(jax.random.key(5), n_layers=3, n_features=D, n_heads=2,
-                                  n_hidden=8)  # fmt: skip
     buf = io.StringIO()
     calls = []
     leading, tokens = _report._leading, _report._tokens
@@ -195,20 +193,19 @@ def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch
 
     monkeypatch.setattr(_report, "_leading", spy("leading", leading))
     monkeypatch.setattr(_report, "_tokens", spy("tokens", tokens))
-    analyze(m3, u0, block_size=2, max_iters=50, progress=buf)
+    analyze(m, u0, block_size=2, max_iters=50, token_target="all", progress=buf)
     lines = buf.getvalue().splitlines()
     assert all(line.startswith("itde analyze: ") for line in lines)
-    assert "3 intervals" in lines[0] and "up to 50 iterations" in lines[0]
+    assert f"{L} intervals" in lines[0] and "up to 50 iterations" in lines[0]
     expects = [i for i, line in enumerate(lines) if " expects about " in line]
     assert len(expects) == 1, lines
-    # written when the second interval ends: before the third interval, the whole depth
-    # and the token exponents are computed (calls 3, 4 and 5)
-    assert [c[0] for c in calls] == ["leading"] * 4 + ["tokens"]
+    # written when the second interval ends, before the whole depth and the token
+    # exponents are computed (calls 3 and 4)
+    assert [c[0] for c in calls] == ["leading"] * (L + 1) + ["tokens"]
     assert "exponent over [1, 2] took" in lines[expects[0]]
-    assert all(expects[0] < before for _, before in calls[2:])
+    assert all(expects[0] < before for _, before in calls[L:])
     later = [line for line in lines[expects[0] + 1 :] if " took " in line]
-    assert len(later) == 3 and all("in all" in line for line in later[:-1])
-    assert "(" in later[0] and "iterations)" in later[0]
+    assert len(later) == 2 and "in all" in later[0] and "iterations)" in later[0]
 
 
 def test_progress_refuses_what_is_not_a_stream(model):
@@ -219,19 +216,19 @@ def test_progress_refuses_what_is_not_a_stream(model):
 
 def test_padding_at_the_end_is_dropped_from_the_exponents_exactly(model):
     """The first input padded at the end: its exponents are those of its real tokens alone
-    (the padding is left out of every JVP and VJP), None on the padded tokens."""
+    (the padding is left out of every JVP and VJP; the dense Jacobian of the 3 real tokens'
+    flow is the reference), None on the padded tokens."""
     m, u0 = model
     mask = jnp.asarray([[True, True, True, False, False]])
-    padded = analyze(m, u0, mask, block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
-    alone = analyze(m, u0[:, :3], block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
-    assert padded["token_exponents"][3:] == [None, None]
-    np.testing.assert_allclose(padded["token_exponents"][:3], alone["token_exponents"],
-                               rtol=1e-8)  # fmt: skip
-    np.testing.assert_allclose(padded["leading_exponent"], alone["leading_exponent"], rtol=1e-8)
-    # and against the dense Jacobian of the real tokens' first layer
-    j = _dense(lambda v: itde.analysis.FlowMap(m, 0.0, 1.0)(v), u0[0, :3])
+    ly = analyze(m, u0, mask, block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
+    assert ly["token_exponents"][3:] == [None, None] and ly["token_target"] == 2
+    u = u0[0, :3]
+    j = _dense(lambda v: itde.analysis.FlowMap(m, 0.0, 1.0)(v), u)
     s1 = float(jnp.linalg.svd(j, compute_uv=False)[0])
-    assert padded["leading_singular_value"][0] == pytest.approx(s1, rel=1e-9)
+    assert ly["leading_singular_value"][0] == pytest.approx(s1, rel=1e-9)
+    whole = _dense(lambda v: m.trajectory(v)[-1], u).reshape(3, D, 3, D)
+    want = [np.log(np.linalg.svd(whole[2, :, i], compute_uv=False)[0]) / L for i in range(3)]
+    np.testing.assert_allclose(ly["token_exponents"][:3], want, rtol=1e-9)
 
 
 @pytest.mark.slow
