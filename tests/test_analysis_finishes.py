@@ -168,3 +168,88 @@ def test_leading_spectra_are_numpys_leading_values_gated_gqa():
 
 def eqx_float(a):
     return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch):
+    """`analyze(progress=...)`: the plan first, then a line per stage; the estimate of the
+    whole run ("expects about ...") comes after the first warm interval (the second) and
+    before the exponents' long work (the whole depth and the token exponents), every later
+    stage line but the last with an updated estimate."""
+    import io
+
+    from itde.analysis import _report
+
+    m, u0 = model
+    buf = io.StringIO()
+    calls = []
+    leading, tokens = _report._leading, _report._tokens
+
+    def spy(name, f):
+        def g(*a, **k):
+            calls.append((name, buf.getvalue().count("\n")))
+            return f(*a, **k)
+
+        return g
+
+    monkeypatch.setattr(_report, "_leading", spy("leading", leading))
+    monkeypatch.setattr(_report, "_tokens", spy("tokens", tokens))
+    analyze(m, u0, block_size=2, max_iters=50, token_target="all", progress=buf)
+    lines = buf.getvalue().splitlines()
+    assert all(line.startswith("itde analyze: ") for line in lines)
+    assert f"{L} intervals" in lines[0] and "up to 50 iterations" in lines[0]
+    expects = [i for i, line in enumerate(lines) if " expects about " in line]
+    assert len(expects) == 1, lines
+    # written when the second interval ends, before the whole depth and the token
+    # exponents are computed (calls 3 and 4)
+    assert [c[0] for c in calls] == ["leading"] * (L + 1) + ["tokens"]
+    assert "exponent over [1, 2] took" in lines[expects[0]]
+    assert all(expects[0] < before for _, before in calls[L:])
+    later = [line for line in lines[expects[0] + 1 :] if " took " in line]
+    assert len(later) == 2 and "in all" in later[0] and "iterations)" in later[0]
+
+
+def test_progress_refuses_what_is_not_a_stream(model):
+    m, u0 = model
+    with pytest.raises(TypeError, match="`progress` must be True"):
+        analyze(m, u0, progress="yes")
+
+
+def test_padding_at_the_end_is_dropped_from_the_exponents_exactly(model):
+    """The first input padded at the end: its exponents are those of its real tokens alone
+    (the padding is left out of every JVP and VJP; the dense Jacobian of the 3 real tokens'
+    flow is the reference), None on the padded tokens."""
+    m, u0 = model
+    mask = jnp.asarray([[True, True, True, False, False]])
+    ly = analyze(m, u0, mask, block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
+    assert ly["token_exponents"][3:] == [None, None] and ly["token_target"] == 2
+    u = u0[0, :3]
+    j = _dense(lambda v: itde.analysis.FlowMap(m, 0.0, 1.0)(v), u)
+    s1 = float(jnp.linalg.svd(j, compute_uv=False)[0])
+    assert ly["leading_singular_value"][0] == pytest.approx(s1, rel=1e-9)
+    whole = _dense(lambda v: m.trajectory(v)[-1], u).reshape(3, D, 3, D)
+    want = [np.log(np.linalg.svd(whole[2, :, i], compute_uv=False)[0]) / L for i in range(3)]
+    np.testing.assert_allclose(ly["token_exponents"][:3], want, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_gpt2_124m_shape_finishes_and_reports():
+    """`analyze` at GPT-2 124M's shape (12 layers, 768 features, 12 heads; random weights of
+    `transformers.GPT2Config()`) on 64 tokens, with the exponents: it finishes (the spectra
+    and the token blocks take LAPACK one matrix at a time) and reports every interval."""
+    tf = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import torch
+
+    torch.manual_seed(0)
+    hf = tf.GPT2Model(tf.GPT2Config()).eval().double()
+    m = itde.from_hf(hf)
+    ids = jax.random.randint(jax.random.key(0), (1, 64), 0, 50257)
+    u0 = jax.vmap(m.embed)(ids)
+    report = analyze(m.equation, u0, max_iters=30)
+    ly = report["lyapunov"]
+    assert report["tokens"] == 64 and report["features"] == 768 and report["heads"] == 12
+    assert len(ly["leading_exponent"]) == 12 and len(ly["token_exponents"]) == 64
+    assert all(v is not None and math.isfinite(v) for v in ly["leading_exponent"])
+    assert all(v is not None and math.isfinite(v) for v in ly["token_exponents"])
+    assert all(math.isfinite(r) for r in ly["residual"])
+    print(f"GPT-2 124M shape, 64 tokens: {report['wall_s']:.0f} s; converged {ly['converged']}")

@@ -3,6 +3,7 @@ that holds one), one state and its padding mask, feature weights."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,3 +66,17 @@ def _check_weights(feature_weights, d: int):
             f"`feature_weights` must be {d} positive quadrature weights, got shape {w.shape}."
         )
     return w
+
+
+def _one_at_a_time(f, *xs):
+    """`f` mapped over the leading axes of `xs` (each `[..., m, n]`) one matrix at a time
+    (`jax.lax.map`), never as one batched LAPACK call: jaxlib's batched CPU kernels
+    (`ParallelBatchMap` in its QR, SVD and eigenvalue kernels) split a batch over XLA's
+    thread pool and, two of them side by side on a two-thread CPU, wait on each other
+    forever (observed at SmolLM2's size: 30 layers of 9 heads)."""
+    lead = xs[0].shape[:-2]
+    if not lead:
+        return f(*xs)
+    flat = tuple(x.reshape(-1, *x.shape[-2:]) for x in xs)
+    out = jax.lax.map(lambda x: f(*x), flat)
+    return jax.tree.map(lambda o: o.reshape(*lead, *o.shape[1:]), out)

@@ -16,6 +16,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .._abstract import AbstractEquation
 from .._checks import check_bool, check_float, check_int, check_key
+from ._common import _one_at_a_time
 from ._flow import FlowJacobian, FlowMap
 
 #: The default tolerance of the iteration, by state dtype (see `lyapunov_spectrum`).
@@ -216,7 +217,7 @@ def _flow_jacobian_exponents(
     if not isinstance(target, str):
         rows = jax.vmap(pull)(jnp.eye(d, dtype=u.dtype)[:, None, :] * _onehot(target, n_tokens, u))
         blocks = jnp.swapaxes(rows, 0, 1)  # [i, a, b] = d u_{j,a}(t) / d u_{i,b}(s)
-        sig = jnp.linalg.svd(blocks, compute_uv=False)[:, :k]
+        sig = _one_at_a_time(lambda b: jnp.linalg.svd(b, compute_uv=False), blocks)[:, :k]
         zero = jnp.zeros((), jnp.int32)
         return _token_result(
             flow, sig, jnp.zeros_like(sig), real, zero, jnp.ones((), bool), zero, zero + d
@@ -278,7 +279,7 @@ def _orthonormal_rows(B, JB, AB, ref):
     cut = 10 * jnp.sqrt(jnp.finfo(dtype).eps).astype(dtype)
     for _ in range(2):
         G = jnp.einsum("bin,bjn->bij", B, B)
-        e, U = jnp.linalg.eigh(G)
+        e, U = _one_at_a_time(jnp.linalg.eigh, G)  # never a batched LAPACK call
         s = jnp.sqrt(jnp.maximum(e, 0))
         keep = s > cut * ref[:, None]
         C = jnp.where(keep[:, None, :], U / jnp.where(keep, s, 1)[:, None, :], 0)
@@ -307,7 +308,7 @@ def _subspace_iteration(apply, V0, m, k, rtol, max_iters, active):
 
     def ritz(B, JB, AB):
         """The `p` leading Ritz pairs of $J$ on the span of `B`'s orthonormal rows."""
-        P, sig, L = jnp.linalg.svd(JB, full_matrices=False)  # JB = P diag(sig) L
+        P, sig, L = _one_at_a_time(lambda x: jnp.linalg.svd(x, full_matrices=False), JB)
         P, sig, L = P[..., :p], sig[..., :p], L[..., :p, :]
         X = jnp.einsum("bij,bin->bjn", P, B)  # J X_j = sig_j L_j
         Y = jnp.einsum("bij,bin->bjn", P, AB)  # J^T J X_j

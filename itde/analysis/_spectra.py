@@ -50,7 +50,7 @@ from jaxtyping import Array, Complex, Float
 from .._controls import PiecewiseConstant
 from .._equation import TransformerIDE
 from .._operators._attention import Attention
-from ._common import equation_of
+from ._common import _one_at_a_time, equation_of
 
 
 class HeadSpectra(eqx.Module):
@@ -125,7 +125,12 @@ def _sorted_eigenvalues(lam):
 
 def _product_spectrum(a, b):
     r"""Eigenvalues and singular values of $a\,b^\top$ for `a`, `b` `[..., d, e]`: the
-    $k = \min(d, e)$ that can be nonzero, through $k \times k$ matrices."""
+    $k = \min(d, e)$ that can be nonzero, through $k \times k$ matrices (one pair of
+    matrices at a time, see `_one_at_a_time`)."""
+    return _one_at_a_time(_product_spectrum_one, a, b)
+
+
+def _product_spectrum_one(a, b):
     d, e = a.shape[-2:]
     if e <= d:
         small = jnp.swapaxes(b, -1, -2) @ a  # [e, e], the nonzero eigenvalues of a b^T
@@ -191,7 +196,7 @@ def _head_spectra(wq, wk, wv, wo, sw, sh):
 
 @jax.jit
 def _singular_values(w, left, right):
-    return jnp.linalg.svd(_scale(w, left, right), compute_uv=False)
+    return _one_at_a_time(lambda x: jnp.linalg.svd(x, compute_uv=False), _scale(w, left, right))
 
 
 def feedforward_singular_values(
@@ -291,7 +296,7 @@ def _spectra_at(eq: TransformerIDE, ts):
         fs["w1w2"] = feedforward_eigenvalues(ff, feature_weights=fw, hidden_weights=zw)
         return hs, fs
 
-    return jax.vmap(one)(ts)
+    return jax.lax.map(one, ts)  # one depth at a time: no batched LAPACK call (_one_at_a_time)
 
 
 def spectra(model, ts=None) -> Spectra:
@@ -317,7 +322,8 @@ def spectra(model, ts=None) -> Spectra:
     **Returns:** a [`Spectra`][itde.analysis.Spectra] of arrays `[depth, head, k]` (the
     attention's) and `[depth, k]` (the feed-forward's: its kernels' singular values and
     the eigenvalues of $W_1 W_2$). One compiled computation for all
-    depths (`jax.vmap` over `ts`).
+    depths, which with the heads are taken one at a time (`jax.lax.map`): jaxlib's batched
+    LAPACK kernels can deadlock on a two-thread CPU at a real model's size.
     """
     eq = equation_of(model)
     depths = _depths(eq, ts)
@@ -350,39 +356,17 @@ class LeadingSpectra(eqx.Module):
     w1w2_max_abs_eigenvalue: Float[Array, " depths"]
 
 
-#: The power iteration of `leading_spectra`: its cap and its relative tolerance on the value.
-LEADING_MAX_ITERS, LEADING_RTOL = 1000, 1e-12
-
-
-def _spectral_norm(mv, rmv, n: int, dtype):
-    r"""$\|M\|_2$ by power iteration on $M^\top M$ from matrix-vector products alone (`mv`:
-    $v \mapsto M v$, `rmv`: $w \mapsto M^\top w$), stopped when the value changes by less
-    than `LEADING_RTOL` relatively (no LAPACK call: see `leading_spectra`)."""
-    v0 = jnp.cos(jnp.arange(n, dtype=dtype) * 0.7 + 0.3)  # a fixed start, generic
-
-    def body(state):
-        i, v, s, _ = state
-        w = mv(v)
-        s_new = jnp.linalg.norm(w)
-        z = rmv(w)
-        v = z / jnp.maximum(jnp.linalg.norm(z), jnp.finfo(dtype).tiny)
-        return i + 1, v, s_new, jnp.abs(s_new - s) <= LEADING_RTOL * s_new
-
-    def cond(state):
-        return (state[0] < LEADING_MAX_ITERS) & ~state[3]
-
-    init = (jnp.zeros((), jnp.int32), v0 / jnp.linalg.norm(v0), jnp.zeros((), dtype),
-            jnp.zeros((), bool))  # fmt: skip
-    return jax.lax.while_loop(cond, body, init)[2]
-
-
 def _product_norm(a, b):
-    """$\\|a b^\\top\\|_2$ for `a` `[d, e]`, `b` `[d, e]`, by products with `a`, `b`."""
-    return _spectral_norm(lambda v: a @ (b.T @ v), lambda w: b @ (a.T @ w), a.shape[0], a.dtype)
+    r"""$\|a b^\top\|_2$ for `a`, `b` `[d, e]`: the largest singular value of the
+    $k \times k$ core of `_product_spectrum` ($R_a R_b^\top$ from QR factors for $e \le d$)."""
+    return _product_spectrum_one(a, b)[1][0]
 
 
 def _plain_norm(w):
-    return _spectral_norm(lambda v: w @ v, lambda z: w.T @ z, w.shape[1], w.dtype)
+    r"""$\|w\|_2$ as the square root of the largest eigenvalue of the smaller Gram matrix
+    ($w w^\top$ or $w^\top w$, symmetric: LAPACK's `syevd`, no SVD of the wide kernel)."""
+    g = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    return jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(g)[-1], 0))
 
 
 @eqx.filter_jit
@@ -403,8 +387,8 @@ def _leading_at(eq: TransformerIDE, ts):
         # the nonzero eigenvalues of a b^T are those of b^T a (e x e: small, one per head)
         small = jnp.swapaxes(qb, -1, -2) @ qa if e <= d else qa @ jnp.swapaxes(qb, -1, -2)
         qk_eig = jnp.max(jnp.abs(jax.lax.map(jnp.linalg.eigvals, small)), axis=-1)
-        qk = jax.lax.map(lambda x: _product_norm(*x), (qa, qb))
-        vo = jax.lax.map(lambda x: _product_norm(*x), (va, vb))
+        qk = _one_at_a_time(_product_norm, qa, qb)
+        vo = _one_at_a_time(_product_norm, va, vb)
         sz = _sqrt_weights_traced(zw, dtype)
         w1, w2 = ff.w1.astype(dtype), ff.w2.astype(dtype)
         n1, n2 = _plain_norm(_scale(w1, sw, sz)), _plain_norm(_scale(w2, sz, sw))
@@ -412,7 +396,7 @@ def _leading_at(eq: TransformerIDE, ts):
         ff_small = fb.T @ fa if fa.shape[1] <= fa.shape[0] else fa @ fb.T
         return qk_eig, qk, vo, n1, n2, jnp.max(jnp.abs(jnp.linalg.eigvals(ff_small)))
 
-    return jax.lax.map(one, ts)  # one depth at a time: LAPACK calls never run side by side
+    return jax.lax.map(one, ts)  # one depth at a time: LAPACK calls never batched
 
 
 def _sqrt_weights_traced(w, dtype):
@@ -429,9 +413,11 @@ def leading_spectra(model, ts=None) -> LeadingSpectra:
     kernel) and runs the depths' and heads' decompositions as batched LAPACK calls, which
     XLA's CPU runtime may run side by side on its thread pool; jaxlib's batched LAPACK
     kernels then wait on each other (a hang observed at SmolLM2's size on two cores).
-    Here the spectral norms are power iterations of matrix products (to `LEADING_RTOL`),
-    the depths run one at a time, and only the small $e \times e$ and $d \times d$
-    eigenproblems call LAPACK.
+    Here every decomposition is of one small matrix at a time: the heads' spectral norms
+    from their $e \times e$ cores (as `spectra`), the kernels' from the largest eigenvalue
+    of their smaller Gram matrix, the depths one after another. (Power iterations on
+    matrix products, used before, took minutes at SmolLM2's size: their top singular
+    values are close, and 1000 iterations a norm ran at every depth.)
     """
     eq = equation_of(model)
     depths = _depths(eq, ts)

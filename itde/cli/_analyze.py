@@ -128,7 +128,7 @@ def cmd_analyze(args) -> int:
     report = analyze(model, u0, mask, depths=args.depths, tol=args.tol,
                      lyapunov=not args.no_lyapunov, token_exponent=exponent,
                      max_iters=args.max_iters, rtol=args.rtol, block_size=args.block_size,
-                     **fixed)  # fmt: skip
+                     progress=not args.no_progress, **fixed)  # fmt: skip
     report["source"] = {"path": str(source), "model": name, "scheme": scheme, "dt": dt}
     print(f"itde analyze ({source}): {name}; depth integrator {scheme}, dt={dt:g}; "
           f"{report['inputs']} inputs of {report['tokens']} tokens")  # fmt: skip
@@ -256,6 +256,9 @@ def add_analyze(sub) -> None:
                    "vectors, at most the features (default: 4)")  # fmt: skip
     p.add_argument("--no-lyapunov", action="store_true", help="skip the Lyapunov exponents "
                    "(the costly part: one power iteration per interval)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="write no progress lines (by "
+                   "default a line per stage on stderr, and before the exponents' long work "
+                   "the time the whole run is expected to take)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
                    f"(default: {DEFAULT_OUT!r})")  # fmt: skip
     p.set_defaults(func=cmd_analyze)
