@@ -266,7 +266,7 @@ def main(argv=None) -> dict:
     for L in layers:
         for seed in seeds:
             runs.append(run_shape(corpus, {**s, "n_layers": L}, seed, a.methods,
-                                  log=lambda *x: print(*x, flush=True), save=out / "models"))
+                                  log=lambda *x: print(*x, flush=True), save=out / "models"))  # fmt: skip
             (out / "bench_multilevel.partial.json").write_text(json.dumps(runs, indent=2))
     summary = {}
     for L in layers:

@@ -189,7 +189,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, help="timed steps per round (default 10; tiny 2)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; tiny 1)")
     ap.add_argument("--impls", nargs="+", choices=IMPLS,
-                    help="attention implementations (default: all; on a CPU all but cudnn)")
+                    help="attention implementations (default: all; on a CPU all but cudnn)")  # fmt: skip
     ap.add_argument("--torch-compile", choices=("auto", "on", "off"), default="auto",
                     help="torch.compile the PyTorch baseline (auto: on a GPU only)")  # fmt: skip
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)

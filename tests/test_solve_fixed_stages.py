@@ -52,5 +52,29 @@ def test_without_error_estimate_is_rk4():
     assert solvers.RK4(scan_kind="bounded").without_error_estimate().scan_kind == "bounded"
     p = solvers.Projected(solvers.RK4(), reuse_fsal=True)
     assert p.for_fixed_steps() is p  # reusing the stage: nothing to drop
-    q = solvers.Projected(diffrax.Tsit5())
-    assert q.for_fixed_steps() is q  # no stage-free variant known
+    q = solvers.Projected(diffrax.Heun())
+    assert q.for_fixed_steps() is q  # not first-same-as-last: nothing to drop
+    t = solvers.Projected(diffrax.Tsit5(scan_kind="lax")).for_fixed_steps().solver
+    assert type(t).__name__ == "Tsit5Stages" and t.scan_kind == "lax"
+    assert type(t) is type(solvers.Projected(diffrax.Tsit5()).for_fixed_steps().solver)
+    assert t.order(None) == 5 and t.tableau.num_stages == 6
+
+
+@pytest.mark.parametrize("method, stages", [
+    (diffrax.Tsit5, 6), pytest.param(diffrax.Dopri5, 6, marks=pytest.mark.slow),
+    pytest.param(diffrax.Dopri8, 13, marks=pytest.mark.slow),
+])  # fmt: skip
+def test_projected_fsal_methods_drop_their_last_stage(ide, method, stages):
+    """Tsit5, Dopri5, Dopri8: their tableau without the last row on fixed steps read at
+    step ends (one evaluation a step less), the same solution as the full method."""
+    with jax.enable_x64(True):
+        u0 = jax.random.normal(jax.random.key(1), (5, 8), jnp.float64)
+        terms, n = _counted(ide)
+        solver = solvers.Projected(method())
+        ends = itde.solve(ide, u0, solver=solver, dt0=1.0, terms=terms).ys[-1]
+        assert n[0] == 2 * stages
+        n[0] = 0
+        ref = itde.solve(ide, u0, solver=solver, dt0=1.0, terms=terms,
+                         saveat=diffrax.SaveAt(ts=[2.0])).ys[-1]  # fmt: skip
+        assert n[0] == 2 * (stages + 1)
+        np.testing.assert_allclose(ends, ref, rtol=1e-12, atol=1e-12)

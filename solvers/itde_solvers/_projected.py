@@ -8,10 +8,14 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from diffrax import (
+    AbstractERK,
     AbstractLocalInterpolation,
     AbstractSolver,
     AbstractTerm,
+    ButcherTableau,
+    LocalLinearInterpolation,
 )
 
 from ._diffrax_private import AdjointTerm, WrapTerm
@@ -117,8 +121,13 @@ class Projected(AbstractForwardingSolver):
         where the wrapped method has a first-same-as-last stage that is evaluated only for
         its error estimate and dense output (`RK4`: `without_error_estimate`), and this
         wrapper restarts every step (`reuse_fsal=False`), the stage is dropped. The
-        solution is the same; a step costs one evaluation less (RK4: 4 instead of 5)."""
+        solution is the same; a step costs one evaluation less (RK4: 4 instead of 5; any
+        other explicit Runge–Kutta method whose tableau is first-same-as-last, e.g.
+        diffrax's Tsit5, Dopri5, Dopri8: its tableau without the last row, see
+        `_without_last_stage`)."""
         drop = getattr(self.solver, "without_error_estimate", None)
+        if drop is None and _droppable(self.solver):
+            drop = partial(_without_last_stage, self.solver)
         if self.reuse_fsal or drop is None:
             return self
         return Projected(drop(), reuse_fsal=False)
@@ -174,3 +183,41 @@ def _flows(terms):
 
 
 __all__ = ["Projected"]
+
+
+def _droppable(solver) -> bool:
+    """An explicit Runge–Kutta method with one first-same-as-last Butcher tableau."""
+    tab = getattr(type(solver), "tableau", None)
+    return (isinstance(solver, AbstractERK) and isinstance(tab, ButcherTableau)
+            and tab.fsal and tab.a_diagonal is None and float(tab.b_sol[-1]) == 0.0)  # fmt: skip
+
+
+_STAGES: dict[type, type] = {}
+
+
+def _linear_interpolation(*, t0, t1, y0, y1, k):
+    del k
+    return LocalLinearInterpolation(t0=t0, t1=t1, y0=y0, y1=y1)
+
+
+def _without_last_stage(solver):
+    r"""`solver` (an explicit first-same-as-last Runge–Kutta method) without its last
+    stage $f(t_1, y_1)$: the tableau's rows but the last, the solution weights but the last
+    (zero), no error estimate, linear dense output. `y1` is the same sum of the same
+    stages. One class per method (cached, so that jit sees one type)."""
+    cls = type(solver)
+    if cls not in _STAGES:
+        tab = cls.tableau
+        stages = ButcherTableau(a_lower=tab.a_lower[:-1], b_sol=tab.b_sol[:-1],
+                                b_error=np.zeros(len(tab.b_sol) - 1), c=tab.c[:-1])  # fmt: skip
+        order = cls.order
+        _STAGES[cls] = type(f"{cls.__name__}Stages", (AbstractERK,), {
+            "__doc__": f"{cls.__name__}'s stages without its first-same-as-last one.",
+            "__module__": __name__,
+            "__annotations__": {"tableau": ClassVar[ButcherTableau],
+                                "interpolation_cls": ClassVar[Callable]},
+            "tableau": stages,
+            "interpolation_cls": staticmethod(_linear_interpolation),
+            "order": lambda self, terms: order(solver, terms),
+        })  # fmt: skip
+    return _STAGES[cls](scan_kind=solver.scan_kind)
