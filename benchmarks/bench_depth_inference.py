@@ -17,9 +17,9 @@ nats per character).
 2. **Adaptive steps.** The same per-layer controls solved by an embedded Runge–Kutta
    method (`--solvers`: diffrax's Heun (2 stages, order 2 with Euler's estimate), Bosh3
    (4, order 3), Tsit5 (7, order 5)) under `diffrax.PIDController(rtol, atol)` at each of
-   `--tols` (rtol = atol), its steps clipped onto every layer boundary
+   `--tols` (rtol = atol), its steps clipped onto every layer boundary by `itde.solve`
    (`diffrax.ClipStepSizeController(jump_ts=...)`, the boundaries in the solve's time
-   dtype), through `itde.solve`, which evaluates each step's stages in the step's own
+   dtype), which evaluates each step's stages in the step's own
    layer (`itde_solvers.FrozenTime`); first step one layer (`dt0` = 1, so that no
    evaluation goes to choosing it). Each validation sequence is solved on its own
    (`jax.vmap` of the solve: each takes its own steps). Cost per input: diffrax's
@@ -115,14 +115,9 @@ def _adaptive(model, x, solver, rtol, atol, terms=None):
     u0 = model.initial_state(x)
 
     def one(u):
-        # the layer boundaries as jumps, in the solve's time dtype (float32 or wider: that
-        # of `itde.solve`); itde.solve adds float64 ones itself, which diffrax refuses
-        # against float32 times when float64 is enabled
-        tdtype = jnp.promote_types(u.dtype, jnp.float32)
-        jumps = [t for t in model.ide.controls.jump_times() if model.ide.t0 < t < model.ide.depth]
-        pid = diffrax.ClipStepSizeController(
-            diffrax.PIDController(rtol=rtol, atol=atol), jump_ts=jnp.asarray(jumps, tdtype)
-        )
+        # itde.solve clips the steps onto the layer boundaries (ClipStepSizeController with
+        # jump_ts in the solve's time dtype)
+        pid = diffrax.PIDController(rtol=rtol, atol=atol)
         sol = itde.solve(model.ide, u, solver=solver, dt0=1.0, terms=terms, throw=False,
                          stepsize_controller=pid)  # fmt: skip
         st = sol.stats

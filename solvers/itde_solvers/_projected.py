@@ -15,10 +15,10 @@ from diffrax import (
     AbstractSolver,
     AbstractTerm,
     ButcherTableau,
-    LocalLinearInterpolation,
 )
 
 from ._diffrax_private import AdjointTerm, WrapTerm
+from ._rk4 import _linear
 from ._subflows import advance, combine_results, is_projection, split_flows
 from ._wrapped import AbstractForwardingSolver
 
@@ -195,11 +195,6 @@ def _droppable(solver) -> bool:
 _STAGES: dict[type, type] = {}
 
 
-def _linear_interpolation(*, t0, t1, y0, y1, k):
-    del k
-    return LocalLinearInterpolation(t0=t0, t1=t1, y0=y0, y1=y1)
-
-
 def _without_last_stage(solver):
     r"""`solver` (an explicit first-same-as-last Runge–Kutta method) without its last
     stage $f(t_1, y_1)$: the tableau's rows but the last, the solution weights but the last
@@ -217,7 +212,7 @@ def _without_last_stage(solver):
             "__annotations__": {"tableau": ClassVar[ButcherTableau],
                                 "interpolation_cls": ClassVar[Callable]},
             "tableau": stages,
-            "interpolation_cls": staticmethod(_linear_interpolation),
+            "interpolation_cls": staticmethod(_linear),
             "order": lambda self, terms: order(solver, terms),
         })  # fmt: skip
     return _STAGES[cls](scan_kind=solver.scan_kind)
