@@ -136,13 +136,16 @@ def test_cli_refuses_bad_iteration_flags(tmp_path, capsys, argv, said):
     assert said in capsys.readouterr().err
 
 
-def test_leading_spectra_are_numpys_leading_values_gated_gqa():
-    """The report's spectra (power iterations, no full SVD) against NumPy's dense values on a
-    gated feed-forward with grouped-query attention (query head m reads key head m // 2)."""
+@pytest.mark.parametrize("head_dim", [None, 11])
+def test_leading_spectra_are_numpys_leading_values_gated_gqa(head_dim):
+    """The report's spectra (small symmetric eigenproblems, no full SVD) against NumPy's
+    dense values on a gated feed-forward with grouped-query attention (query head m reads
+    key head m // 2); heads narrower than the features (2 of 8) and wider (11)."""
     from itde.analysis._spectra import leading_spectra
 
     m = itde.TransformerIDE.init(jax.random.key(13), n_layers=2, n_features=8, n_heads=4,
-                                 n_hidden=12, gated=True, n_kv_heads=2)  # fmt: skip
+                                 n_hidden=12, gated=True, n_kv_heads=2,
+                                 head_dim=head_dim)  # fmt: skip
     m = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx_float(a) else a, m)
     sp = leading_spectra(m)
     for n in range(2):
@@ -171,10 +174,11 @@ def eqx_float(a):
 
 
 def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch):
-    """`analyze(progress=...)`: the plan first, then a line per stage; the estimate of the
-    whole run ("expects about ...") comes after the first warm interval (the second) and
-    before the exponents' long work (the whole depth and the token exponents), every later
-    stage line but the last with an updated estimate."""
+    """`analyze(progress=...)`: the plan first and the expected time of the whole run
+    ("expects about ...", priced from the shape) before any work; then a line per stage,
+    the estimate measured again from the first warm interval (the second) on, before the
+    exponents' long work (the whole depth and the token exponents), every later stage
+    line but the last with an updated estimate."""
     import io
 
     from itde.analysis import _report
@@ -198,13 +202,16 @@ def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch
     assert all(line.startswith("itde analyze: ") for line in lines)
     assert f"{L} intervals" in lines[0] and "up to 50 iterations" in lines[0]
     expects = [i for i, line in enumerate(lines) if " expects about " in line]
-    assert len(expects) == 1, lines
-    # written when the second interval ends, before the whole depth and the token
+    assert expects == [1], lines  # said once, before the first stage starts
+    assert lines[2].startswith("itde analyze: solve ")
+    assert "10 iterations an exponent; at most " in lines[1] and "max_iters=50" in lines[1]
+    # measured again when the second interval ends, before the whole depth and the token
     # exponents are computed (calls 3 and 4)
     assert [c[0] for c in calls] == ["leading"] * (L + 1) + ["tokens"]
-    assert "exponent over [1, 2] took" in lines[expects[0]]
-    assert all(expects[0] < before for _, before in calls[L:])
-    later = [line for line in lines[expects[0] + 1 :] if " took " in line]
+    again = [i for i, line in enumerate(lines) if " in all, " in line]
+    assert "exponent over [1, 2] took" in lines[again[0]]
+    assert all(again[0] < before for _, before in calls[L:])
+    later = [line for line in lines[again[0] + 1 :] if " took " in line]
     assert len(later) == 2 and "in all" in later[0] and "iterations)" in later[0]
 
 

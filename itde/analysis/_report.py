@@ -211,10 +211,14 @@ def analyze(
     whole-depth spectrum and the token exponents (tokens × a few tangents per iteration;
     towards one token, `features` VJPs through the whole depth). The exponents' JVPs and
     VJPs leave out the first input's padding when it is at the end (exact: no real token
-    attends to a padded one). Measured on SmolLM2-135M (30 layers, 4 inputs, the first
-    of 20 tokens, 2 loaded CPUs): the spectra's nonsymmetric eigenproblem of $W_1 W_2$
-    ($576 \times 576$ per layer) took the longest, then the token exponents, then the 30
-    intervals.
+    attends to a padded one). Measured on SmolLM2-135M (`itde analyze --hf`: 30 layers,
+    4 inputs of 42 tokens, the first of 22 real tokens, float64, an idle 2-core CPU):
+    74-80 s in all, of which the token exponents 33-35 s (576 VJPs through 30 layers),
+    the 30 intervals 13-19 s, the spectra 9-12 s (a $576 \times 576$ nonsymmetric
+    eigenproblem of $W_1 W_2$ per layer), the whole depth 8 s. With `progress`, the
+    first lines say how long the run is expected to take, priced from the model's shape
+    at the machine's measured speed (`itde.analysis._estimate`; 94 s expected for those
+    74-80 s) before any work, and measured again from the second interval on.
     """
     start = time.perf_counter()
     token_exponent = as_token_exponent(token_exponent, "token_exponent")
@@ -234,6 +238,16 @@ def analyze(
         token_vjps=target_int and token_exponent_name(token_exponent) == "exact",
         max_iters=iteration["max_iters"],
     )  # fmt: skip
+    if prog.file is not None:  # the expected time, before any work (a probe of ~1 s)
+        from ._estimate import expected
+
+        jax.block_until_ready(u0)  # the caller's pending work is not the probe's
+        prog.prior = expected(
+            eq, ts, inputs=int(u0.shape[0]), tokens=int(u0.shape[1]), n_real=n_real,
+            features=int(u0.shape[2]), dtype=u0.dtype, solver=solver, dt0=dt0,
+            lyapunov=lyapunov, token_vjps=prog.token_vjps, block=prog.p,
+            max_iters=iteration["max_iters"],
+        )  # fmt: skip
     prog.plan(ts, lyapunov)
     with prog.stage(f"solve {u0.shape[0]} inputs of {u0.shape[1]} tokens x {u0.shape[2]} "
                     "features"):  # fmt: skip
@@ -483,6 +497,7 @@ class _Progress:
         self.compile_s = 0.0
         self.left: list[tuple[str, float]] = []  # the exponents' stages still to run
         self.estimated = False
+        self.prior: tuple[float, float] | None = None  # expected seconds: typical, bound
 
     def write(self, text: str) -> None:
         if self.file is not None:
@@ -495,9 +510,22 @@ class _Progress:
         self.left = self.left if lyapunov else []
         what = (f"then the exponents: {self.n_intervals} intervals, the whole depth and the "
                 f"token exponents, each up to {self.max_iters} iterations of {self.p} JVPs "
-                f"and VJPs; the time it will take is estimated after the first "
+                f"and VJPs; the time it will take is measured again after the first "
                 f"{min(2, self.n_intervals)} interval(s)") if lyapunov else "no exponents"
         self.write(f"solve, geometry and spectra at {len(ts)} depths; {what}")  # fmt: skip
+        if self.prior is not None:
+            from .._progress import format_duration
+            from ._estimate import TYPICAL_ITERS
+
+            typical, bound = self.prior
+            iters = min(TYPICAL_ITERS, self.max_iters)
+            line = (f"expects about {format_duration(typical)} in all (priced from the model's "
+                    f"shape at this machine's measured speed")  # fmt: skip
+            if lyapunov and self.max_iters > iters:
+                line += (f", {iters} iterations an exponent; at most {format_duration(bound)} "
+                         f"if every exponent runs max_iters={self.max_iters}")  # fmt: skip
+            self.write(line + ")")
+            self.estimated = True  # the later estimates are updates of this one
 
     def _cost(self, kind: str, length: float) -> float:
         mean = sum(self.iters) / len(self.iters) if self.iters else self.max_iters
