@@ -3,7 +3,8 @@ Hugging Face's `generate` with its own cache, on the same model.
 
 One `GPT2LMHeadModel` with random weights (float32, `GPT2Config()`'s defaults: the GPT-2
 124M shape) is the source of both. A prompt of `--prompt` random tokens, then `--new`
-tokens drawn greedily. itde's first call compiles its two programs (the prefill and the
+tokens drawn greedily; `--batch B`: B such prompts at once (itde's `generate_batch`, one
+`[B, prompt]` tensor for transformers; tokens/s counts every row). itde's first call compiles its two programs (the prefill and the
 decode loop, once per model and window length); it is reported apart as the compile time
 (first call minus a warm call). Then every round runs each contender once in turn
 (interleaved, so each round gives a paired ratio under the same machine load); the table
@@ -13,6 +14,7 @@ compared and the agreement reported (float32 round-off may flip a near tie).
 
     python benchmarks/bench_generate.py [--prompt 256 --new 256 --rounds 3 --chunk 64
                                          --out runs/bench_generate]
+    python benchmarks/bench_generate.py --batch 8   # 8 prompts at once
     python benchmarks/bench_generate.py --tiny      # a 2-layer width-32 model, seconds
 """
 
@@ -52,6 +54,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new", type=int, default=None, help="new tokens (default 256)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=64, help="tokens per compiled call (itde)")
+    ap.add_argument("--batch", type=int, default=1, help="prompts at once (itde: "
+                    "`generate_batch`; transformers: one [batch, prompt] tensor)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("runs/bench_generate"))
     args = ap.parse_args(argv)
     n_prompt = args.prompt or (8 if args.tiny else 256)
@@ -61,11 +65,18 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     lm = itde.from_hf(model)
-    prompt = np.random.RandomState(0).randint(0, config.vocab_size, n_prompt).astype(np.int32)
-    prompt_t = torch.as_tensor(prompt[None]).long()
+    if args.batch < 1:
+        ap.error(f"--batch {args.batch} must be at least 1")
+    rng = np.random.RandomState(0)
+    prompts = rng.randint(0, config.vocab_size, (args.batch, n_prompt)).astype(np.int32)
+    prompt = prompts[0]
+    prompt_t = torch.as_tensor(prompts).long()
 
     def run_itde():
-        return lm.generate(prompt, n_new, cache=True, chunk=args.chunk)[n_prompt:]
+        if args.batch == 1:
+            return lm.generate(prompt, n_new, cache=True, chunk=args.chunk)[None, n_prompt:]
+        out = lm.generate_batch(prompts, n_new, cache=True, chunk=args.chunk)
+        return np.stack([row[n_prompt:] for row in out])
 
     def run_hf():
         with torch.no_grad():
@@ -74,7 +85,7 @@ def main(argv=None) -> dict:
                 max_new_tokens=n_new, min_new_tokens=n_new, use_cache=True,
                 pad_token_id=config.eos_token_id,
             )  # fmt: skip
-        return out[0, n_prompt:].numpy()
+        return out[:, n_prompt:].numpy()
 
     def timed(f):
         t = time.perf_counter()
@@ -98,10 +109,11 @@ def main(argv=None) -> dict:
         "new": n_new,
         "rounds": args.rounds,
         "chunk": args.chunk,
+        "batch": args.batch,
         "itde_s": mi,
         "transformers_s": mh,
-        "itde_tokens_per_s": n_new / mi,
-        "transformers_tokens_per_s": n_new / mh,
+        "itde_tokens_per_s": args.batch * n_new / mi,
+        "transformers_tokens_per_s": args.batch * n_new / mh,
         "ratio": statistics.median(a / b for a, b in zip(t_itde, t_hf)),
         "itde_first_call_s": first,
         "itde_compile_s": first - mi,
@@ -109,13 +121,13 @@ def main(argv=None) -> dict:
         "torch_threads": torch.get_num_threads(),
     }
     print(
-        f"{r['shape']}: prompt {n_prompt} + {n_new} new tokens, greedy, median of "
+        f"{r['shape']}: {args.batch} x (prompt {n_prompt} + {n_new} new tokens), greedy, median of "
         f"{args.rounds} interleaved rounds\n"
         f"  itde (cache)          {mi:8.2f} s  {r['itde_tokens_per_s']:8.1f} tokens/s  "
         f"(first call {first:.2f} s: compile {r['itde_compile_s']:.2f} s)\n"
         f"  transformers (cache)  {mh:8.2f} s  {r['transformers_tokens_per_s']:8.1f} tokens/s\n"
         f"  ratio itde / transformers (time): {r['ratio']:.2f}; "
-        f"greedy tokens agreeing: {agree}/{n_new}"
+        f"greedy tokens agreeing: {agree}/{args.batch * n_new}"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_generate.json").write_text(json.dumps(r, indent=2))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import diffrax
 import equinox as eqx
@@ -241,15 +242,29 @@ def split_layers(eq: TransformerIDE) -> tuple[TransformerIDE, ...] | None:
     return tuple(out)
 
 
-def _decode_core(q, k, v, *, token_log_weights):
+class _DecodeCore(eqx.Module):
     """The dense core's own softmax for queries against the cached keys (the key axis is
-    the cache's, longer than the queries')."""
-    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
-    p, ell = dense_softmax_parts(
-        q, k, dtype, token_log_weights=token_log_weights, query_weights=None,
-        score_bias=None, signed_weights=False, causal=False, window=None,
-    )  # fmt: skip
-    return jnp.einsum("hnm,hme->hne", p, v) / ell
+    the cache's, longer than the queries'). It reads the cache's `n_kv_heads` keys and
+    values as they are (`reads_grouped_heads`): the `h / h_kv` query heads of a group are
+    stacked as extra query rows of their key/value head, so a decode step never copies
+    the cache once per query head."""
+
+    reads_grouped_heads: ClassVar[bool] = True
+
+    def __call__(self, q, k, v, *, token_log_weights):
+        dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
+        h, n, e = q.shape
+        g = k.shape[0]  # key/value heads: query head m reads m // (h / g)
+        qg = q.reshape(g, (h // g) * n, e)
+        p, ell = dense_softmax_parts(
+            qg, k, dtype, token_log_weights=token_log_weights, query_weights=None,
+            score_bias=None, signed_weights=False, causal=False, window=None,
+        )  # fmt: skip
+        o = jnp.einsum("gnm,gme->gne", p, v) / ell
+        return o.reshape(h, n, o.shape[-1])
+
+
+_decode_core = _DecodeCore()
 
 
 def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool):

@@ -18,3 +18,9 @@ def test_generate_benchmark_tiny_writes_its_table(tmp_path):
     assert r["tokens_agreeing"] == 8
     assert r["itde_tokens_per_s"] > 0 and r["transformers_tokens_per_s"] > 0
     assert r["itde_compile_s"] == r["itde_first_call_s"] - r["itde_s"]
+
+
+def test_generate_benchmark_batch_agrees_with_transformers_row_by_row(tmp_path):
+    """`--batch 3`: three prompts at once on both sides, every drawn token compared."""
+    r = bench_generate.main(["--tiny", "--rounds", "1", "--batch", "3", "--out", str(tmp_path)])
+    assert r["batch"] == 3 and r["tokens_agreeing"] == 3 * 8

@@ -10,6 +10,7 @@ Volterra rules, non-causal models) are named.
 """
 
 import dataclasses
+import re
 
 import diffrax
 import equinox as eqx
@@ -306,3 +307,56 @@ def test_itde_sample_falls_back_for_post_norm_rk4_and_refuses_cache_true():
     with pytest.raises(itde.NotCacheableError, match=r"a post-norm equation lives on a "
                        r"constraint set"):  # fmt: skip
         next(sample_stream(model, itos, "the", 3, cache=True))
+
+
+# ------------------------------------------------------------------ batched generation
+PROMPTS = [[5, 9, 7, 11, 4], [6, 8], [12, 4, 4, 9, 5, 7, 13]]  # three lengths, no padding
+
+
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_batched_greedy_rows_are_the_single_prompt_generations(models, family):
+    """Each row of `generate_batch` is `generate` of its prompt alone (its own positions
+    and cache), with the cache and without; a row that draws the end token stops there
+    while the others go on."""
+    _, lm, _ = models[family]
+    prompts = [np.array(p, np.int32) for p in PROMPTS]
+    kw = dict(max_length=20, chunk=4)
+    want = [lm.generate(p, 9, cache=True, **kw) for p in prompts]
+    got = lm.generate_batch(prompts, 9, cache=True, **kw)
+    assert [len(g) for g in got] == [len(p) + 9 for p in prompts]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    eos = int(want[1][len(prompts[1]) + 2])  # row 1's third drawn token
+    ends = lm.generate_batch(prompts, 9, cache=False, eos_token_id=eos, **kw)
+    for p, g in zip(prompts, ends, strict=True):
+        np.testing.assert_array_equal(g, lm.generate(p, 9, cache=False, eos_token_id=eos, **kw))
+    assert ends[1][-1] == eos and len(ends[1]) <= len(prompts[1]) + 3  # ended early
+
+
+def test_batched_sampling_row_b_uses_fold_in_key_b(models):
+    """Sampled (temperature, top-k, top-p), row b is `generate(prompt_b, key=fold_in(key,
+    b))`: rows with the same prompt draw different tokens."""
+    _, lm, _ = models["llama"]
+    key = jax.random.key(7)
+    kw = dict(temperature=1.3, top_k=12, top_p=0.95, max_length=20, chunk=4)
+    prompts = np.array([PROMPTS[0], PROMPTS[0]], np.int32)  # a 2-D array: two equal rows
+    got = lm.generate_batch(prompts, 10, key=key, cache=True, **kw)
+    for b in range(2):
+        want = lm.generate(prompts[b], 10, key=jax.random.fold_in(key, b), cache=True, **kw)
+        np.testing.assert_array_equal(got[b], want)
+    assert not np.array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kw", "error", "said"),
+    [([], {}, ValueError, "non-empty list"),
+     (np.zeros((2, 3, 4), np.int32), {}, ValueError, "must be 2-D"),
+     ([[5, 6], [7, VOCAB + 3]], {}, ValueError, "`prompts[1]`: `prompt_ids` holds ids outside"),
+     ([[5, 6], []], {}, ValueError, "`prompts[1]`: `prompt_ids` must be one non-empty"),
+     ([[5, 6], [7, 8, 9]], {"max_length": 4}, ValueError, "`prompts[1]`: `max_length`=4"),
+     ([[5, 6]], {"top_k": 3}, ValueError, "without a `key`")],
+)  # fmt: skip
+def test_batched_generation_refuses_bad_prompts_by_row(models, prompts, kw, error, said):
+    _, lm, _ = models["gpt2"]
+    with pytest.raises(error, match=re.escape(said)):
+        lm.generate_batch(prompts, 2, **kw)

@@ -306,10 +306,14 @@ class Attention(AbstractAttention):
         `[queries, features]` of queries `q` against keys `k` and values `v` from
         [`project_qkv`][itde.Attention.project_qkv] (grouped-query heads repeated here,
         queries scaled, the core's token quadrature, then the output projection). `core`:
-        any callable `core(q, k, v, **pair_terms)`; `pair_terms` as the cores take them."""
+        any callable `core(q, k, v, **pair_terms)`; `pair_terms` as the cores take them. A
+        core with a true class attribute `reads_grouped_heads` gets the `n_kv_heads` keys
+        and values as they are (query head m reads key/value head m // (h / h_kv)) and
+        groups the queries itself: no copy of the keys and values per query head."""
         dtype = q.dtype
         rep = self.n_heads // self.n_kv_heads
-        if rep > 1:  # grouped-query attention: query head m reads key/value head m // rep
+        if rep > 1 and not getattr(core, "reads_grouped_heads", False):
+            # grouped-query attention: query head m reads key/value head m // rep
             k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)

@@ -373,28 +373,11 @@ class HFCausalLM(eqx.Module):
         prompt, n_new, window_len = self._check_generate(
             prompt_ids, max_new_tokens, key, temperature, eos_token_id, max_length, chunk
         )
-        if key is None and (top_k is not None or top_p != 1):
-            raise ValueError(
-                f"`top_k`={top_k!r}, `top_p`={top_p!r} without a `key` would be ignored (no "
-                "key: greedy); pass `key=jax.random.key(seed)` to sample."
-            )
-        top_k, floor = check_filters(top_k, top_p)
-        if cache not in (None, True, False):
-            raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
-        if cache is not False:
-            try:
-                check_cacheable(self.base.equation, window_len)
-            except NotCacheableError:
-                if cache:
-                    raise
-                cache = False
+        key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
+        cache = self._use_cache(cache, window_len)
         window = np.zeros((window_len,), np.int32)
         window[: prompt.shape[0]] = prompt
         window, filled = jnp.asarray(window), jnp.asarray(prompt.shape[0], jnp.int32)
-        greedy = key is None or temperature == 0
-        key = jax.random.key(0) if key is None else key
-        temp = _scalar(0.0 if greedy else temperature)
-        k, floor = jnp.asarray(top_k, jnp.int32), _scalar(floor)
         if cache is not False:
             yield from self._stream_cached(
                 window, filled, n_new, key, temp, k, floor, eos_token_id, chunk
@@ -430,6 +413,98 @@ class HFCausalLM(eqx.Module):
                 return
             yield piece
             done += n
+
+    def _use_cache(self, cache, window_len: int) -> bool:
+        """Whether to generate with the cache: `cache` checked, None resolved."""
+        if cache not in (None, True, False):
+            raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
+        if cache is False:
+            return False
+        try:
+            check_cacheable(self.base.equation, window_len)
+        except NotCacheableError:
+            if cache:
+                raise
+            return False
+        return True
+
+    def generate_batch(
+        self,
+        prompts,
+        max_new_tokens: int,
+        *,
+        key: PRNGKeyArray | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        eos_token_id: int | None = None,
+        max_length: int | None = None,
+        chunk: int = 16,
+        cache: bool | None = None,
+    ) -> list[np.ndarray]:
+        """Several prompts of any lengths at once: a list with, for each prompt, the prompt
+        followed by its drawn tokens, `[prompt_b + new_b]`.
+
+        Row `b` is exactly [`generate`][itde.interop.HFCausalLM.generate]`(prompts[b],
+        key=jax.random.fold_in(key, b), ...)` (the same arguments otherwise): each prompt
+        keeps its own positions and its own cache, with no padding in front of it (the
+        rows are the single-prompt programs mapped with `jax.vmap`, so every weight is read
+        once a token for all rows). Greedy (no `key`), every row is Hugging Face's
+        `generate(prompt_b[None], do_sample=False)`. A row that draws `eos_token_id` ends
+        there (the others go on); the program stops when every row has ended or drawn
+        `max_new_tokens`.
+
+        **Arguments:** `prompts`, a non-empty list of `[prompt]` id sequences (or a 2-D
+        array, one row a prompt); the rest as
+        [`generate_stream`][itde.interop.HFCausalLM.generate_stream], `max_length` the
+        window of every row (default: the longest prompt plus `max_new_tokens`).
+        """
+        rows = _prompt_rows(prompts)
+        n_new = _natural("max_new_tokens", max_new_tokens, 0)
+        window_len = max(np.size(r) for r in rows) + n_new if max_length is None else max_length
+        checked = []
+        for b, row in enumerate(rows):
+            try:
+                checked.append(self._check_generate(row, max_new_tokens, key, temperature,
+                                                    eos_token_id, window_len, chunk)[0])  # fmt: skip
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"`prompts[{b}]`: {e}") from None
+        key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
+        keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(rows)))
+        cached = self._use_cache(cache, window_len)
+        window = np.zeros((len(rows), window_len), np.int32)
+        for b, row in enumerate(checked):
+            window[b, : len(row)] = row
+        window = jnp.asarray(window)
+        filled = jnp.asarray([len(r) for r in checked], jnp.int32)
+        pieces: list[np.ndarray] = []
+        if cached:
+            layers = split_layers(self.base.equation)
+            state, logits = _prefill_batch(self, layers, window, filled)
+        done = 0
+        ended = np.zeros((len(rows),), bool)
+        while done < n_new and not ended.all():
+            n = min(chunk, n_new - done)
+            steps = (jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk)
+            if cached:
+                window, state, logits, out = _draw_cached_batch(
+                    self, layers, window, state, logits, keys, temp, k, floor, *steps
+                )
+            else:
+                window, filled, out = _draw_batch(self, window, filled, keys, temp, k, floor,
+                                                  *steps)  # fmt: skip
+            piece = np.asarray(out[:, :n])
+            if eos_token_id is not None:
+                ended |= (piece == eos_token_id).any(axis=1)
+            pieces.append(piece)
+            done += n
+        drawn = np.concatenate(pieces, axis=1) if pieces else np.zeros((len(rows), 0), np.int32)
+        out_rows = []
+        for row, new in zip(checked, drawn, strict=True):
+            if eos_token_id is not None and (new == eos_token_id).any():
+                new = new[: int(np.argmax(new == eos_token_id)) + 1]
+            out_rows.append(np.concatenate([row, new]).astype(np.int32))
+        return out_rows
 
     def generate(self, prompt_ids, max_new_tokens, **kwargs) -> np.ndarray:
         """The prompt followed by the drawn tokens, `[prompt + new]` (arguments as
@@ -529,6 +604,40 @@ def _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, c
     return jax.lax.fori_loop(0, n, body, (window, filled, out))
 
 
+def _sampling_args(key, temperature, top_k, top_p):
+    """The traced sampling arguments of the compiled draws: a key (a fixed one when
+    greedy), the temperature (0: greedy), `top_k` and the `top_p` floor."""
+    if key is None and (top_k is not None or top_p != 1):
+        raise ValueError(
+            f"`top_k`={top_k!r}, `top_p`={top_p!r} without a `key` would be ignored (no "
+            "key: greedy); pass `key=jax.random.key(seed)` to sample."
+        )
+    top_k, floor = check_filters(top_k, top_p)
+    greedy = key is None or temperature == 0
+    key = jax.random.key(0) if key is None else key
+    temp = _scalar(0.0 if greedy else temperature)
+    return key, temp, jnp.asarray(top_k, jnp.int32), _scalar(floor)
+
+
+def _prompt_rows(prompts) -> list:
+    """The prompts of `generate_batch` as a list of sequences (a 2-D array's rows)."""
+    if type(prompts).__module__.startswith("torch"):
+        raise TypeError("`prompts` is a torch tensor; convert it first: `np.asarray(prompts)`.")
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+        if prompts.ndim != 2:
+            raise ValueError(
+                f"`prompts` as an array must be 2-D [prompts, tokens], got shape "
+                f"{prompts.shape}; give one sequence to `generate`, or a list of sequences."
+            )
+        prompts = list(np.asarray(prompts))
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError(
+            f"`prompts` must be a non-empty list of id sequences (or a 2-D array), got "
+            f"{type(prompts).__name__}{'' if not isinstance(prompts, (list, tuple)) else ' of 0'}."
+        )
+    return list(prompts)
+
+
 @eqx.filter_jit
 def _prefill(lm, layers, window, filled):
     return _prefill_traced(lm, layers, window, filled)
@@ -574,3 +683,31 @@ def _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top
 
     out = jnp.zeros((chunk,), jnp.int32)
     return jax.lax.fori_loop(0, n, body, (window, cache, logits, out))
+
+
+@eqx.filter_jit
+def _prefill_batch(lm, layers, window, filled):
+    """`_prefill` of every row (`window [rows, length]`, `filled [rows]`)."""
+    return jax.vmap(_prefill_traced, in_axes=(None, None, 0, 0))(lm, layers, window, filled)
+
+
+@eqx.filter_jit
+def _draw_cached_batch(lm, layers, window, cache, logits, keys, temperature, top_k, floor,
+                       start, n, chunk: int):  # fmt: skip
+    """`_draw_cached` of every row, each with its own cache, logits and key."""
+
+    def one(window, cache, logits, key):
+        return _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top_k,
+                                   floor, start, n, chunk)  # fmt: skip
+
+    return jax.vmap(one)(window, cache, logits, keys)
+
+
+@eqx.filter_jit
+def _draw_batch(lm, window, filled, keys, temperature, top_k, floor, start, n, chunk: int):
+    """`_draw` of every row (the uncached draw), each with its own key."""
+
+    def one(window, filled, key):
+        return _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk)
+
+    return jax.vmap(one)(window, filled, keys)
