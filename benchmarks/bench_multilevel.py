@@ -34,6 +34,8 @@ of the itde GPT at the method's last step), a line per evaluation as the run goe
     python benchmarks/bench_multilevel.py [--layers 4 12 --seeds 0 1 2 --steps 2000
                                            --out runs/bench_multilevel]
     python benchmarks/bench_multilevel.py --tiny     # the built-in tiny text, a tiny GPT
+    python benchmarks/bench_multilevel.py --merge runs/ml4/bench_multilevel.json \
+        runs/ml12/bench_multilevel.json --out runs/ml_all    # runs made apart, one figure
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ SCHEDULES = {
     "ml-2x-50-linear": dict(phases=[(2, 0.5), (1, 0.5)], prolongation="linear"),
     "ml-2x-50-reset": dict(phases=[(2, 0.5), (1, 0.5)], moments="reset"),
     "ml-2x-50-x1.33": dict(phases=[(2, 0.5), (1, 0.5)], steps=4 / 3),
+    "ml-4x2x-x1.33": dict(phases=[(4, 0.3), (2, 0.3), (1, 0.4)], steps=4 / 3),
 }
 #: The steps at which the final models are evaluated again.
 EVAL_DTS = (2.0, 4.0, 0.5)
@@ -210,6 +213,67 @@ def run_shape(corpus, s, seed, names, log=print, save=None) -> dict:
             "methods": out}  # fmt: skip
 
 
+def summarise(runs, methods) -> dict:
+    """Each depth's and method's means over the seeds (`"L/method"`); the time to the target
+    of each seed (None: never reached)."""
+    summary = {}
+    for L in sorted({r["n_layers"] for r in runs}):
+        mine = [r for r in runs if r["n_layers"] == L]
+        for name in methods:
+            rows = [m for r in mine for m in r["methods"] if m["method"] == name]
+            if not rows:
+                continue
+            hits = [m["time_to_target"] for m in rows]
+            summary[f"{L}/{name}"] = {
+                "final_val": statistics.mean(m["final_val"] for m in rows),
+                "time_ratio": statistics.mean(m["time_ratio"] for m in rows),
+                "flops_ratio": rows[0]["flops_ratio"],
+                "time_to_target": hits,
+                "val_at_discrete_time": statistics.mean(m["val_at_discrete_time"] for m in rows),
+                "val_at_dt": {dt: statistics.mean(m["val_at_dt"][dt] for m in rows)
+                              for dt in rows[0]["val_at_dt"]},
+            }  # fmt: skip
+    return summary
+
+
+def merge(paths, out: Path) -> dict:
+    """The results of several runs of this benchmark (e.g. the depths or the seeds run
+    apart) as one: their runs together, the summary over all of them, one JSON and one
+    figure. Refuses results of another shape, step count or corpus, and a depth and seed
+    given twice."""
+    results = [(Path(p), json.loads(Path(p).read_text())) for p in paths]
+    first_path, first = results[0]
+    keys = ("tiny", "shape", "steps", "corpus")
+    runs, seen = [], {}
+    for path, r in results:
+        for k in keys:
+            a, b = r.get(k), first.get(k)
+            if k == "corpus":
+                a, b = (a or {}).get("sha256"), (b or {}).get("sha256")
+            if a != b:
+                raise SystemExit(f"--merge: {path} has {k} {a!r}, {first_path} {b!r}: "
+                                 "only runs of one benchmark set-up merge")  # fmt: skip
+        for run in r["runs"]:
+            at = (run["n_layers"], run["seed"])
+            if at in seen:
+                raise SystemExit(f"--merge: {at[0]} layers, seed {at[1]} is in both {seen[at]} "
+                                 f"and {path}; give each run once")  # fmt: skip
+            seen[at] = path
+            runs.append(run)
+    runs.sort(key=lambda r: (r["n_layers"], r["seed"]))
+    methods = list(dict.fromkeys(m["method"] for r in runs for m in r["methods"]))
+    result = {**{k: first[k] for k in keys}, "layers": sorted({r["n_layers"] for r in runs}),
+              "seeds": sorted({r["seed"] for r in runs}), "schedules": first["schedules"],
+              "merged_from": [str(p) for p, _ in results],
+              "summary": summarise(runs, methods), "runs": runs}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_multilevel.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "bench_multilevel.png")
+    print(f"merged {len(runs)} runs of {len(results)} files into {out / 'bench_multilevel.json'} "
+          f"and {out / 'bench_multilevel.png'}")  # fmt: skip
+    return result
+
+
 def plot(result, path: Path) -> None:
     import matplotlib
 
@@ -218,16 +282,23 @@ def plot(result, path: Path) -> None:
 
     shapes = sorted({r["n_layers"] for r in result["runs"]})
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    names = list(dict.fromkeys(m["method"] for r in result["runs"] for m in r["methods"]))
+    colour = {n: f"C{i % 10}" for i, n in enumerate(names)}
     for ax, L in zip(axes[0], shapes, strict=True):
-        run = next(r for r in result["runs"] if r["n_layers"] == L)  # the first seed
-        for m in run["methods"]:
-            ev = m["evals"]
-            ax.plot([e["train_s"] / run["discrete_train_s"] for e in ev],
-                    [e["val"] for e in ev], label=m["method"],
-                    lw=2.5 if m["method"] == "discrete" else 1.2)  # fmt: skip
-        ax.axhline(run["target"], color="k", ls=":", lw=0.8)
-        ax.set(title=f"{L} layers, seed {run['seed']}", xlabel="training time / discrete's",
-               ylabel="validation loss (nats/char)")  # fmt: skip
+        mine = [r for r in result["runs"] if r["n_layers"] == L]
+        for i, run in enumerate(mine):  # every seed: one colour a method, one line a seed
+            for m in run["methods"]:
+                ev = m["evals"]
+                ax.plot([e["train_s"] / run["discrete_train_s"] for e in ev],
+                        [e["val"] for e in ev], color=colour[m["method"]],
+                        label=m["method"] if i == 0 else None, alpha=0.9 if i == 0 else 0.45,
+                        lw=2.5 if m["method"] == "discrete" else 1.2)  # fmt: skip
+            ax.axhline(run["target"], color="k", ls=":", lw=0.8)
+        low = min(e["val"] for r in mine for m in r["methods"] for e in m["evals"])
+        ax.set_ylim(low - 0.03, max(r["target"] for r in mine) + 0.8)  # the end, not the start
+        seeds = ", ".join(str(r["seed"]) for r in mine)
+        ax.set(title=f"{L} layers, seeds {seeds} (dotted: each seed's target)",
+               xlabel="training time / discrete's", ylabel="validation loss (nats/char)")  # fmt: skip
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -246,7 +317,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--tiny", action="store_true", help="a tiny GPT on the built-in text")
     ap.add_argument("--out", default="runs/bench_multilevel")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no training: merge these "
+                    "bench_multilevel.json files (depths or seeds run apart) into one JSON "
+                    "and one figure in --out")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.merge:
+        return merge(a.merge, Path(a.out))
     s = dict(TINY if a.tiny else FULL)
     for k in ("steps", "eval_every"):
         v = getattr(a, k)
@@ -268,23 +344,7 @@ def main(argv=None) -> dict:
             runs.append(run_shape(corpus, {**s, "n_layers": L}, seed, a.methods,
                                   log=lambda *x: print(*x, flush=True), save=out / "models"))  # fmt: skip
             (out / "bench_multilevel.partial.json").write_text(json.dumps(runs, indent=2))
-    summary = {}
-    for L in layers:
-        mine = [r for r in runs if r["n_layers"] == L]
-        for name in a.methods:
-            rows = [m for r in mine for m in r["methods"] if m["method"] == name]
-            if not rows:
-                continue
-            hits = [m["time_to_target"] for m in rows]
-            summary[f"{L}/{name}"] = {
-                "final_val": statistics.mean(m["final_val"] for m in rows),
-                "time_ratio": statistics.mean(m["time_ratio"] for m in rows),
-                "flops_ratio": rows[0]["flops_ratio"],
-                "time_to_target": hits,
-                "val_at_discrete_time": statistics.mean(m["val_at_discrete_time"] for m in rows),
-                "val_at_dt": {dt: statistics.mean(m["val_at_dt"][dt] for m in rows)
-                              for dt in rows[0]["val_at_dt"]},
-            }  # fmt: skip
+    summary = summarise(runs, a.methods)
     result = {"tiny": a.tiny, "shape": {k: s[k] for k in ("n_heads", "width", "context", "batch")},
               "steps": s["steps"], "layers": layers, "seeds": seeds, "schedules": SCHEDULES,
               "corpus": {"source": str(text), "sha256": corpus.sha256},

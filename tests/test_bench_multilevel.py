@@ -61,3 +61,38 @@ def test_tiny_baseline_is_bench_nanogpts_discrete_gpt(bench, tiny):
     s = {**bn.TINY, "steps": 4, "eval_every": 2}
     ref = bn.run_seed(corpus, s, 0, (), with_torch=False, log=lambda *_: None)
     assert result["runs"][0]["methods"][0]["final_val"] == ref["evals"][-1]["itde"]
+
+
+def test_merge_takes_runs_made_apart_into_one_summary_and_figure(bench, tiny, tmp_path):
+    """`--merge`: a second seed's run (here the tiny run with its seed and losses changed)
+    joins the first; each method's summary is the mean over both, each seed's time to the
+    target kept; the same run twice, or a run of another set-up, is refused."""
+    bm, _ = bench
+    out, result = tiny
+    other = json.loads((out / "bench_multilevel.json").read_text())
+    (run,) = other["runs"]
+    run["seed"] = 1
+    for m in run["methods"]:
+        m["final_val"] += 0.5
+        m["time_ratio"] *= 2
+    second = tmp_path / "seed1.json"
+    second.write_text(json.dumps(other))
+    merged = bm.main(["--merge", str(out / "bench_multilevel.json"), str(second),
+                      "--out", str(tmp_path / "all")])  # fmt: skip
+    assert [(r["n_layers"], r["seed"]) for r in merged["runs"]] == [(2, 0), (2, 1)]
+    (first,) = result["runs"]
+    for m0, m1 in zip(first["methods"], run["methods"], strict=True):
+        got = merged["summary"][f"2/{m0['method']}"]
+        assert got["final_val"] == pytest.approx((m0["final_val"] + m1["final_val"]) / 2)
+        assert got["time_ratio"] == pytest.approx(m0["time_ratio"] * 1.5)
+        assert got["time_to_target"] == [m0["time_to_target"], m1["time_to_target"]]
+    assert (tmp_path / "all" / "bench_multilevel.png").stat().st_size > 0
+    assert json.loads((tmp_path / "all" / "bench_multilevel.json").read_text()) == merged
+    with pytest.raises(SystemExit, match="seed 0 is in both"):
+        bm.main(["--merge", str(out / "bench_multilevel.json"),
+                 str(out / "bench_multilevel.json"), "--out", str(tmp_path / "x")])  # fmt: skip
+    other["steps"] += 1
+    second.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="has steps"):
+        bm.main(["--merge", str(out / "bench_multilevel.json"), str(second),
+                 "--out", str(tmp_path / "y")])  # fmt: skip
