@@ -216,9 +216,10 @@ def analyze(
     74-80 s in all, of which the token exponents 33-35 s (576 VJPs through 30 layers),
     the 30 intervals 13-19 s, the spectra 9-12 s (a $576 \times 576$ nonsymmetric
     eigenproblem of $W_1 W_2$ per layer), the whole depth 8 s. With `progress`, the
-    first lines say how long the run is expected to take, priced from the model's shape
-    at the machine's measured speed (`itde.analysis._estimate`; 94 s expected for those
-    74-80 s) before any work, and measured again from the second interval on.
+    first lines say how long the run is expected to take, before any work: each stage's
+    operations counted from the model's shape and priced at the machine's speed,
+    measured on the spot in about a second (84 s expected there, 76 s taken); then the
+    estimate is measured again from the second interval on.
     """
     start = time.perf_counter()
     token_exponent = as_token_exponent(token_exponent, "token_exponent")
