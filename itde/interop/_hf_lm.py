@@ -445,11 +445,13 @@ class HFCausalLM(eqx.Module):
         """Several prompts of any lengths at once: a list with, for each prompt, the prompt
         followed by its drawn tokens, `[prompt_b + new_b]`.
 
-        Row `b` is exactly [`generate`][itde.interop.HFCausalLM.generate]`(prompts[b],
+        Row `b` is [`generate`][itde.interop.HFCausalLM.generate]`(prompts[b],
         key=jax.random.fold_in(key, b), ...)` (the same arguments otherwise): each prompt
         keeps its own positions and its own cache, with no padding in front of it (the
         rows are the single-prompt programs mapped with `jax.vmap`, so every weight is read
-        once a token for all rows). Greedy (no `key`), every row is Hugging Face's
+        once a token for all rows; the batched products may round differently in the
+        last bits, so a float32 near-tie could flip; the tests compare the tokens in
+        float64). Greedy (no `key`), every row is Hugging Face's
         `generate(prompt_b[None], do_sample=False)`. A row that draws `eos_token_id` ends
         there (the others go on); the program stops when every row has ended or drawn
         `max_new_tokens`.
