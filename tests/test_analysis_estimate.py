@@ -55,7 +55,7 @@ def test_each_stage_counts_what_the_table_says(eq):
 
 @pytest.mark.parametrize(
     ("solver", "dt0", "per_layer"),
-    [(None, None, 1), (diffrax.Heun(), 0.5, 2 * 2), (diffrax.Tsit5(), 0.5, 2 * 6),
+    [(None, None, 1), (None, 0.5, 2), (diffrax.Heun(), 0.5, 2 * 2), (diffrax.Tsit5(), 0.5, 2 * 6),
      (diffrax.Tsit5(), 1.0, 6), (diffrax.Euler(), 0.25, 4)],
 )  # fmt: skip
 def test_evaluations_count_steps_and_the_stages_that_reach_the_solution(eq, solver, dt0,

@@ -115,17 +115,17 @@ def _layer_shape(eq) -> dict:
 
 
 def evaluations(eq, s: float, t: float, solver, dt0) -> int:
-    """Field evaluations of a solve over `[s, t]`: one per layer (the default, the
-    discrete network), else one per step and stage of an explicit Runge-Kutta solver,
-    one per step of another."""
+    """Field evaluations of a solve over `[s, t]`: one per layer without a step `dt0`
+    (the default, the discrete network), else one per step and stage of an explicit
+    Runge-Kutta solver, one per step of another (the default scheme included)."""
     from .._kv_cache import _explicit_rk, _stages
 
     length = float(t - s)
-    if solver is None or dt0 is None:
+    if dt0 is None:  # one step a layer (of unit length for smooth controls)
         layer = float(eq.controls.layer_length) if hasattr(eq.controls, "layer_length") else 1.0
         return max(1, int(round(length / layer)))
     steps = max(1, int(round(length / float(dt0))))
-    rk = _explicit_rk(solver)
+    rk = None if solver is None else _explicit_rk(solver)
     return steps * (1 if rk is None else len(_stages(rk.tableau)[3]))
 
 
