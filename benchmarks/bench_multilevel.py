@@ -239,8 +239,9 @@ def summarise(runs, methods) -> dict:
 def merge(paths, out: Path) -> dict:
     """The results of several runs of this benchmark (e.g. the depths or the seeds run
     apart) as one: their runs together, the summary over all of them, one JSON and one
-    figure. Refuses results of another shape, step count or corpus, and a depth and seed
-    given twice."""
+    figure. The same depth and seed in two files (methods run in two processes) is one run
+    with the methods of both, each timed against its own process's discrete GPT. Refuses
+    results of another shape, step count or corpus, and a method given twice."""
     results = [(Path(p), json.loads(Path(p).read_text())) for p in paths]
     first_path, first = results[0]
     keys = ("tiny", "shape", "steps", "corpus")
@@ -255,11 +256,22 @@ def merge(paths, out: Path) -> dict:
                                  "only runs of one benchmark set-up merge")  # fmt: skip
         for run in r["runs"]:
             at = (run["n_layers"], run["seed"])
-            if at in seen:
-                raise SystemExit(f"--merge: {at[0]} layers, seed {at[1]} is in both {seen[at]} "
-                                 f"and {path}; give each run once")  # fmt: skip
-            seen[at] = path
-            runs.append(run)
+            if at not in seen:
+                seen[at] = (path, run)
+                runs.append(run)
+                continue
+            # the same depth and seed from another process: its other methods join the
+            # run, each with the time of its own process's discrete GPT (its ratios' base);
+            # the discrete GPT is the same model (the same losses) and is kept once
+            where, have = seen[at]
+            names = {m["method"] for m in have["methods"]}
+            for m in run["methods"]:
+                if m["method"] == "discrete":
+                    continue
+                if m["method"] in names:
+                    raise SystemExit(f"--merge: {m['method']} at {at[0]} layers, seed {at[1]} "
+                                     f"is in both {where} and {path}; give each run once")  # fmt: skip
+                have["methods"].append({**m, "discrete_train_s": run["discrete_train_s"]})
     runs.sort(key=lambda r: (r["n_layers"], r["seed"]))
     methods = list(dict.fromkeys(m["method"] for r in runs for m in r["methods"]))
     result = {**{k: first[k] for k in keys}, "layers": sorted({r["n_layers"] for r in runs}),
@@ -289,7 +301,8 @@ def plot(result, path: Path) -> None:
         for i, run in enumerate(mine):  # every seed: one colour a method, one line a seed
             for m in run["methods"]:
                 ev = m["evals"]
-                ax.plot([e["train_s"] / run["discrete_train_s"] for e in ev],
+                base = m.get("discrete_train_s", run["discrete_train_s"])  # merged: its own
+                ax.plot([e["train_s"] / base for e in ev],
                         [e["val"] for e in ev], color=colour[m["method"]],
                         label=m["method"] if i == 0 else None, alpha=0.9 if i == 0 else 0.45,
                         lw=2.5 if m["method"] == "discrete" else 1.2)  # fmt: skip

@@ -88,7 +88,7 @@ def test_merge_takes_runs_made_apart_into_one_summary_and_figure(bench, tiny, tm
         assert got["time_to_target"] == [m0["time_to_target"], m1["time_to_target"]]
     assert (tmp_path / "all" / "bench_multilevel.png").stat().st_size > 0
     assert json.loads((tmp_path / "all" / "bench_multilevel.json").read_text()) == merged
-    with pytest.raises(SystemExit, match="seed 0 is in both"):
+    with pytest.raises(SystemExit, match="ml-2x-50 at 2 layers, seed 0 is in both"):
         bm.main(["--merge", str(out / "bench_multilevel.json"),
                  str(out / "bench_multilevel.json"), "--out", str(tmp_path / "x")])  # fmt: skip
     other["steps"] += 1
@@ -96,3 +96,25 @@ def test_merge_takes_runs_made_apart_into_one_summary_and_figure(bench, tiny, tm
     with pytest.raises(SystemExit, match="has steps"):
         bm.main(["--merge", str(out / "bench_multilevel.json"), str(second),
                  "--out", str(tmp_path / "y")])  # fmt: skip
+
+
+def test_merge_joins_methods_of_one_seed_run_in_two_processes(bench, tiny, tmp_path):
+    """The same depth and seed in two files: one run with the methods of both, the added
+    method keeping its own process's discrete time (its ratios' base); the discrete GPT
+    once."""
+    bm, _ = bench
+    out, result = tiny
+    other = json.loads((out / "bench_multilevel.json").read_text())
+    (run,) = other["runs"]
+    run["discrete_train_s"] *= 3
+    run["methods"][1]["method"] = "ml-other"
+    second = tmp_path / "other.json"
+    second.write_text(json.dumps(other))
+    merged = bm.main(["--merge", str(out / "bench_multilevel.json"), str(second),
+                      "--out", str(tmp_path / "all")])  # fmt: skip
+    (joined,) = merged["runs"]
+    names = [m["method"] for m in joined["methods"]]
+    assert names == ["discrete", "ml-2x-50", "ml-other"]
+    assert joined["methods"][2]["discrete_train_s"] == run["discrete_train_s"]
+    assert joined["discrete_train_s"] == result["runs"][0]["discrete_train_s"]
+    assert set(merged["summary"]) == {"2/discrete", "2/ml-2x-50", "2/ml-other"}
