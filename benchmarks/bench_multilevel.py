@@ -286,6 +286,14 @@ def merge(paths, out: Path) -> dict:
     return result
 
 
+def curve(run, method) -> tuple[list[float], list[float]]:
+    """One method's validation loss against its training time as a share of the discrete
+    GPT's: the discrete GPT of the method's own process (merged runs keep it apart)."""
+    base = method.get("discrete_train_s", run["discrete_train_s"])
+    ev = method["evals"]
+    return [e["train_s"] / base for e in ev], [e["val"] for e in ev]
+
+
 def plot(result, path: Path) -> None:
     import matplotlib
 
@@ -300,10 +308,7 @@ def plot(result, path: Path) -> None:
         mine = [r for r in result["runs"] if r["n_layers"] == L]
         for i, run in enumerate(mine):  # every seed: one colour a method, one line a seed
             for m in run["methods"]:
-                ev = m["evals"]
-                base = m.get("discrete_train_s", run["discrete_train_s"])  # merged: its own
-                ax.plot([e["train_s"] / base for e in ev],
-                        [e["val"] for e in ev], color=colour[m["method"]],
+                ax.plot(*curve(run, m), color=colour[m["method"]],
                         label=m["method"] if i == 0 else None, alpha=0.9 if i == 0 else 0.45,
                         lw=2.5 if m["method"] == "discrete" else 1.2)  # fmt: skip
             ax.axhline(run["target"], color="k", ls=":", lw=0.8)

@@ -118,3 +118,8 @@ def test_merge_joins_methods_of_one_seed_run_in_two_processes(bench, tiny, tmp_p
     assert joined["methods"][2]["discrete_train_s"] == run["discrete_train_s"]
     assert joined["discrete_train_s"] == result["runs"][0]["discrete_train_s"]
     assert set(merged["summary"]) == {"2/discrete", "2/ml-2x-50", "2/ml-other"}
+    # the figure's times: each method against its own process's discrete GPT
+    added = joined["methods"][2]
+    xs, ys = bm.curve(joined, added)
+    assert xs == [e["train_s"] / run["discrete_train_s"] for e in added["evals"]]
+    assert ys == [e["val"] for e in added["evals"]]
