@@ -4,8 +4,9 @@ Hugging Face's `generate` with its own cache, on the same model.
 One `GPT2LMHeadModel` with random weights (float32, `GPT2Config()`'s defaults: the GPT-2
 124M shape) is the source of both. A prompt of `--prompt` random tokens, then `--new`
 tokens drawn greedily; `--batch B`: B such prompts at once (itde's `generate_batch`, one
-`[B, prompt]` tensor for transformers; tokens/s counts every row). itde's first call compiles its two programs (the prefill and the
-decode loop, once per model and window length); it is reported apart as the compile time
+`[B, prompt]` tensor for transformers; tokens/s counts every row). itde's first call
+compiles its two programs (the prefill and the decode loop, once per model and window
+length); it is reported apart as the compile time
 (first call minus a warm call). Then every round runs each contender once in turn
 (interleaved, so each round gives a paired ratio under the same machine load); the table
 gives the median over the rounds of each time, tokens/s = new tokens / time, and the

@@ -269,8 +269,10 @@ def merge(paths, out: Path) -> dict:
                 if m["method"] == "discrete":
                     continue
                 if m["method"] in names:
-                    raise SystemExit(f"--merge: {m['method']} at {at[0]} layers, seed {at[1]} "
-                                     f"is in both {where} and {path}; give each run once")  # fmt: skip
+                    raise SystemExit(
+                        f"--merge: {m['method']} at {at[0]} layers, seed {at[1]} is in both "
+                        f"{where} and {path}; give each run once"
+                    )
                 have["methods"].append({**m, "discrete_train_s": run["discrete_train_s"]})
     runs.sort(key=lambda r: (r["n_layers"], r["seed"]))
     methods = list(dict.fromkeys(m["method"] for r in runs for m in r["methods"]))
@@ -316,7 +318,8 @@ def plot(result, path: Path) -> None:
         ax.set_ylim(low - 0.03, max(r["target"] for r in mine) + 0.8)  # the end, not the start
         seeds = ", ".join(str(r["seed"]) for r in mine)
         ax.set(title=f"{L} layers, seeds {seeds} (dotted: each seed's target)",
-               xlabel="training time / discrete's", ylabel="validation loss (nats/char)")  # fmt: skip
+               xlabel="training time / discrete's",
+               ylabel="validation loss (nats/char)")  # fmt: skip
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -360,7 +363,8 @@ def main(argv=None) -> dict:
     for L in layers:
         for seed in seeds:
             runs.append(run_shape(corpus, {**s, "n_layers": L}, seed, a.methods,
-                                  log=lambda *x: print(*x, flush=True), save=out / "models"))  # fmt: skip
+                                  log=lambda *x: print(*x, flush=True),
+                                  save=out / "models"))  # fmt: skip
             (out / "bench_multilevel.partial.json").write_text(json.dumps(runs, indent=2))
     summary = summarise(runs, a.methods)
     result = {"tiny": a.tiny, "shape": {k: s[k] for k in ("n_heads", "width", "context", "batch")},

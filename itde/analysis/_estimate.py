@@ -161,8 +161,7 @@ def seconds(ops: dict, rate: float, compile_s: float) -> dict:
     """Each stage's expected seconds from its operations, the probe's rate and its
     reference compilation."""
     return {
-        name: n / (rate * _EFFICIENCY[name]) + _COMPILE[name] * compile_s
-        for name, n in ops.items()
+        name: n / (rate * _EFFICIENCY[name]) + _COMPILE[name] * compile_s for name, n in ops.items()
     }
 
 

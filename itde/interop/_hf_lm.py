@@ -467,8 +467,9 @@ class HFCausalLM(eqx.Module):
         checked = []
         for b, row in enumerate(rows):
             try:
-                checked.append(self._check_generate(row, max_new_tokens, key, temperature,
-                                                    eos_token_id, window_len, chunk)[0])  # fmt: skip
+                checked.append(self._check_generate(
+                    row, max_new_tokens, key, temperature, eos_token_id, window_len, chunk
+                )[0])  # fmt: skip
             except (ValueError, TypeError) as e:
                 raise type(e)(f"`prompts[{b}]`: {e}") from None
         key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
