@@ -35,6 +35,7 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from bench_nanogpt import GPT, NextToken, itde_from_gpt, optim_config
@@ -55,6 +56,33 @@ def shares(s: dict) -> tuple[float, float]:
     d, n = s["width"], s["context"]
     a, f = 4 * d * d + 2 * n * d, 8 * d * d
     return a / (a + f), f / (a + f)
+
+
+def measured_shares(ide, s: dict, calls: int = 30) -> dict[str, float]:
+    """Attention's share of the time of one A + F evaluation, measured at the shape (best of
+    `calls` warm calls, a batch of random states): `"forward"` the fields themselves,
+    `"train"` the gradient of a sum of squares of each (parameters and state). The FLOP
+    shares of `shares` leave out the softmax and the memory traffic; these do not."""
+    u = jax.random.normal(jax.random.key(0), (s["batch"], s["context"], s["width"]))
+    att = lambda e, x: jax.vmap(lambda y: e.attention_field(e.t0, y))(x)  # noqa: E731
+    ff = lambda e, x: jax.vmap(lambda y: e.feedforward_field(e.t0, y))(x)  # noqa: E731
+
+    def best(fn) -> float:
+        f = eqx.filter_jit(fn)
+        jax.block_until_ready(f(ide, u))
+        out = np.inf
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(ide, u))
+            out = min(out, time.perf_counter() - t0)
+        return out
+
+    def grad(field):
+        return eqx.filter_grad(lambda e, x: jnp.sum(field(e, x) ** 2))
+
+    fa, ff_ = best(att), best(ff)
+    ga, gf = best(grad(att)), best(grad(ff))
+    return {"forward": fa / (fa + ff_), "train": ga / (ga + gf)}
 
 
 def counts(s: dict) -> dict[str, tuple[int, int]]:
@@ -189,6 +217,12 @@ def main(argv=None) -> dict:
         print(f"{n:<34}{f'{c[0]},{c[1]}':>6}{count:>7.2f}{ratio['train']:>8.2f}"
               f"{ratio['forward']:>8.2f}{row['train_overhead']:>8.2f}"
               f"{row['forward_overhead']:>8.2f}{row['train_ms']:>9.1f}")  # fmt: skip
+    ms = measured_shares(table[base][0].ide, s, calls=3 if a.tiny else 30)
+    result["measured_shares"] = ms
+    print(f"attention's measured share of A + F: forward {ms['forward']:.3f}, training "
+          f"{ms['train']:.3f} (FLOPs: {fa:.3f}); Strang's count with them: forward "
+          f"{4 * ms['forward'] + 2 * (1 - ms['forward']):.2f}, training "
+          f"{4 * ms['train'] + 2 * (1 - ms['train']):.2f}")  # fmt: skip
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_step_cost.json").write_text(json.dumps(result, indent=2))

@@ -45,6 +45,8 @@ def test_tiny_run(bench, tmp_path):
         assert row["train_overhead"] == pytest.approx(row["train_ratio"] / row["count"])
         assert np.isfinite(row["train_ms"]) and row["train_ms"] > 0
     assert (tmp_path / "bench_step_cost.json").exists()
+    assert set(r["measured_shares"]) == {"forward", "train"}
+    assert all(0 < v < 1 for v in r["measured_shares"].values())
 
 
 def test_smooth_rows_are_the_discrete_network(bench):
