@@ -169,8 +169,8 @@ def expected(eq, ts, *, inputs, tokens, n_real, features, dtype, solver, dt0, ly
              token_vjps, block, max_iters) -> tuple[float, float]:  # fmt: skip
     """The seconds `analyze` is expected to take, before it starts: at `TYPICAL_ITERS`
     iterations an exponent (at most `max_iters`), and at `max_iters` (the bound), each
-    with the probe's own second."""
-    jax.block_until_ready(eq)  # the model's own pending work is not the probe's
+    with the probe's own second. The caller waits for its pending work first (`analyze`
+    does), so that the probe times this machine and not that work."""
     start = time.perf_counter()
     rate, compile_s = _probe(dtype)
     probe_s = time.perf_counter() - start

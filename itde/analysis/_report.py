@@ -239,17 +239,18 @@ def analyze(
         token_vjps=target_int and token_exponent_name(token_exponent) == "exact",
         max_iters=iteration["max_iters"],
     )  # fmt: skip
+    prior = None
     if prog.file is not None:  # the expected time, before any work (a probe of ~1 s)
         from ._estimate import expected
 
-        jax.block_until_ready(u0)  # the caller's pending work is not the probe's
-        prog.prior = expected(
+        jax.block_until_ready((eq, u0))  # the caller's pending work is not the probe's
+        prior = expected(
             eq, ts, inputs=int(u0.shape[0]), tokens=int(u0.shape[1]), n_real=n_real,
             features=int(u0.shape[2]), dtype=u0.dtype, solver=solver, dt0=dt0,
             lyapunov=lyapunov, token_vjps=prog.token_vjps, block=prog.p,
             max_iters=iteration["max_iters"],
         )  # fmt: skip
-    prog.plan(ts, lyapunov)
+    prog.plan(ts, lyapunov, prior)
     with prog.stage(f"solve {u0.shape[0]} inputs of {u0.shape[1]} tokens x {u0.shape[2]} "
                     "features"):  # fmt: skip
         ys = jax.block_until_ready(_solve_all(eq, u0, mask, save, fixed))
@@ -498,14 +499,15 @@ class _Progress:
         self.compile_s = 0.0
         self.left: list[tuple[str, float]] = []  # the exponents' stages still to run
         self.estimated = False
-        self.prior: tuple[float, float] | None = None  # expected seconds: typical, bound
 
     def write(self, text: str) -> None:
         if self.file is not None:
             self.file.write(f"itde analyze: {text}\n")
             self.file.flush()
 
-    def plan(self, ts, lyapunov: bool) -> None:
+    def plan(self, ts, lyapunov: bool, prior: tuple[float, float] | None = None) -> None:
+        """The plan's line, then with `prior` (the expected seconds: at the typical
+        iterations, at `max_iters`) the expected time's."""
         self.left = [("interval", float(t - s)) for s, t in zip(ts[:-1], ts[1:], strict=True)]
         self.left += [("whole", self.length), ("tokens", self.length)] if lyapunov else []
         self.left = self.left if lyapunov else []
@@ -514,11 +516,11 @@ class _Progress:
                 f"and VJPs; the time it will take is measured again after the first "
                 f"{min(2, self.n_intervals)} interval(s)") if lyapunov else "no exponents"
         self.write(f"solve, geometry and spectra at {len(ts)} depths; {what}")  # fmt: skip
-        if self.prior is not None:
+        if prior is not None:
             from .._progress import format_duration
             from ._estimate import TYPICAL_ITERS
 
-            typical, bound = self.prior
+            typical, bound = prior
             iters = min(TYPICAL_ITERS, self.max_iters)
             line = (f"expects about {format_duration(typical)} in all (priced from the model's "
                     f"shape at this machine's measured speed")  # fmt: skip
