@@ -360,3 +360,11 @@ def test_batched_generation_refuses_bad_prompts_by_row(models, prompts, kw, erro
     _, lm, _ = models["gpt2"]
     with pytest.raises(error, match=re.escape(said)):
         lm.generate_batch(prompts, 2, **kw)
+
+
+def test_batched_generation_names_no_row_for_an_option_of_all_rows(models):
+    """A bad option is the same for every row: its message names the option, not a row."""
+    _, lm, _ = models["gpt2"]
+    with pytest.raises(ValueError) as e:
+        lm.generate_batch([[5, 6], [7, 8, 9]], 2, temperature=-1.0)
+    assert str(e.value).startswith("`temperature`=-1.0 must be a finite number >= 0")

@@ -464,14 +464,19 @@ class HFCausalLM(eqx.Module):
         rows = _prompt_rows(prompts)
         n_new = _natural("max_new_tokens", max_new_tokens, 0)
         window_len = max(np.size(r) for r in rows) + n_new if max_length is None else max_length
+        self._check_causal()
         checked = []
-        for b, row in enumerate(rows):
+        for b, row in enumerate(rows):  # what is wrong with a row names the row
             try:
-                checked.append(self._check_generate(
-                    row, max_new_tokens, key, temperature, eos_token_id, window_len, chunk
-                )[0])  # fmt: skip
+                checked.append(self._check_prompt(row))
             except (ValueError, TypeError) as e:
                 raise type(e)(f"`prompts[{b}]`: {e}") from None
+        self._check_options(n_new, key, temperature, eos_token_id, chunk)  # the same for all
+        for b, row in enumerate(checked):
+            try:
+                self._check_window(row, n_new, window_len)
+            except ValueError as e:
+                raise ValueError(f"`prompts[{b}]`: {e}") from None
         key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
         keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(rows)))
         cached = self._use_cache(cache, window_len)
@@ -518,8 +523,18 @@ class HFCausalLM(eqx.Module):
 
     def _check_generate(self, prompt_ids, max_new_tokens, key, temperature, eos, max_length,
                         chunk):  # fmt: skip
+        self._check_causal()
+        prompt = self._check_prompt(prompt_ids)
+        self._check_options(max_new_tokens, key, temperature, eos, chunk)
+        length = self._check_window(prompt, max_new_tokens, max_length)
+        return prompt, max_new_tokens, length
+
+    def _check_causal(self) -> None:
         if not self.base.equation.causal:
             raise ValueError("generation needs a causal model; this base model is not causal.")
+
+    def _check_prompt(self, prompt_ids) -> np.ndarray:
+        """One prompt's ids, checked: `[prompt]` int32."""
         if type(prompt_ids).__module__.startswith("torch"):
             raise TypeError(
                 "`prompt_ids` is a torch tensor; convert it first: `np.asarray(prompt_ids)`."
@@ -533,6 +548,10 @@ class HFCausalLM(eqx.Module):
             )
         if ((prompt < 0) | (prompt >= vocab)).any():
             raise ValueError(f"`prompt_ids` holds ids outside [0, {vocab}).")
+        return prompt.astype(np.int32)
+
+    def _check_options(self, max_new_tokens, key, temperature, eos, chunk) -> None:
+        """The arguments of a generation that are not the prompt's."""
         _natural("max_new_tokens", max_new_tokens, 0)
         _natural("chunk", chunk, 1)
         if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
@@ -550,6 +569,10 @@ class HFCausalLM(eqx.Module):
             raise ValueError(
                 f"`eos_token_id`={eos!r} must be None or a token id in [0, {self.vocab_size})."
             )
+
+    def _check_window(self, prompt, max_new_tokens, max_length) -> int:
+        """The window length: the prompt plus the new tokens, or `max_length` (at least
+        that), within the model's positions."""
         need = prompt.shape[0] + max_new_tokens
         length = need if max_length is None else _natural("max_length", max_length, 1)
         if length < need:
@@ -564,7 +587,7 @@ class HFCausalLM(eqx.Module):
                 f"`max_length`) is longer than the {limit} positions this {self.source} takes; "
                 "shorten the prompt or draw fewer tokens."
             )
-        return prompt.astype(np.int32), max_new_tokens, length
+        return length
 
     # ------------------------------------------------------------------ back to HF
     def to_hf(self) -> Any:
