@@ -44,14 +44,19 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         SplineControls,
         fit_residuals,
     )
+    from ._generate import (  # noqa: F401
+        AbstractDecoder,
+    )
     from ._kv_cache import (  # noqa: F401
         LIE_STEPS,
         KVCache,
         NotCacheableError,
         check_cacheable,
         decode,
+        empty_cache,
         n_evaluations,
         prefill,
+        prefill_by_chunks,
         split_layers,
     )
     from ._operators._abstract import (  # noqa: F401
@@ -101,6 +106,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._operators._window import (  # noqa: F401
         SlidingWindow,
         TokenBand,
+    )
+    from ._programs import (  # noqa: F401
+        ProgramCache,
+        count_compilations,
+        programs,
     )
     from ._quadrature._domain import (  # noqa: F401
         AbstractTokenDomain,
@@ -264,8 +274,14 @@ _EXPORTS = {
     "NotCacheableError": "._kv_cache",
     "check_cacheable": "._kv_cache",
     "decode": "._kv_cache",
+    "empty_cache": "._kv_cache",
     "n_evaluations": "._kv_cache",
+    "AbstractDecoder": "._generate",
+    "ProgramCache": "._programs",
+    "count_compilations": "._programs",
+    "programs": "._programs",
     "prefill": "._kv_cache",
+    "prefill_by_chunks": "._kv_cache",
     "split_layers": "._kv_cache",
 }
 #: Subpackages reachable as attributes (`itde.train` after `import itde`), loaded on use.
@@ -336,6 +352,12 @@ __all__ = [
     "SplineControls",
     "fit_residuals",
     "KVCache",
+    "AbstractDecoder",
+    "ProgramCache",
+    "count_compilations",
+    "programs",
+    "empty_cache",
+    "prefill_by_chunks",
     "LIE_STEPS",
     "NotCacheableError",
     "check_cacheable",

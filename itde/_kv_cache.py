@@ -52,7 +52,6 @@ from jaxtyping import Array, Float, Int
 from ._blocks import Parallel, PreNorm
 from ._controls import PiecewiseConstant
 from ._equation import TransformerIDE
-from ._operators._blocked import dense_softmax_parts
 from ._quadrature._rules import AbstractQuadrature
 
 
@@ -243,11 +242,13 @@ def split_layers(eq: TransformerIDE) -> tuple[TransformerIDE, ...] | None:
 
 
 class _DecodeCore(eqx.Module):
-    """The dense core's own softmax for queries against the cached keys (the key axis is
-    the cache's, longer than the queries'). It reads the cache's `n_kv_heads` keys and
-    values as they are (`reads_grouped_heads`): the `h / h_kv` query heads of a group are
-    stacked as extra query rows of their key/value head, so a decode step never copies
-    the cache once per query head."""
+    r"""The dense core's own softmax for queries against the cached keys (the key axis is
+    the cache's, longer than the queries'), with one row of key log-weights per query
+    (`token_log_weights` `[queries, keys]`: 0 where the query reads the key, $-\infty$
+    where not). It reads the cache's `n_kv_heads` keys and values as they are
+    (`reads_grouped_heads`): the `h / h_kv` query heads of a group are stacked as extra
+    query rows of their key/value head, so a decode step never copies the cache once per
+    query head."""
 
     reads_grouped_heads: ClassVar[bool] = True
 
@@ -255,21 +256,26 @@ class _DecodeCore(eqx.Module):
         dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
         h, n, e = q.shape
         g = k.shape[0]  # key/value heads: query head m reads m // (h / g)
-        qg = q.reshape(g, (h // g) * n, e)
-        p, ell = dense_softmax_parts(
-            qg, k, dtype, token_log_weights=token_log_weights, query_weights=None,
-            score_bias=None, signed_weights=False, causal=False, window=None,
-        )  # fmt: skip
-        o = jnp.einsum("gnm,gme->gne", p, v) / ell
+        qg = q.reshape(g, (h // g) * n, e)  # rows: (query head in the group, query)
+        bias = jnp.tile(token_log_weights, (h // g, 1)).astype(dtype)
+        s = jnp.einsum("gre,gpe->grp", qg.astype(dtype), k.astype(dtype)) + bias[None]
+        # the dense core's softmax (`dense_softmax_parts`): a row's shift is at least the
+        # lowest finite number, so a row with no admissible key gives 0, never NaN
+        lo = jnp.finfo(dtype).min
+        m = jnp.maximum(jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)), lo)
+        p = jnp.exp(s - m)
+        ell = jnp.sum(p, axis=-1, keepdims=True) + jnp.exp(lo - m)
+        o = jnp.einsum("grp,gpe->gre", p, v.astype(dtype)) / ell
         return o.reshape(h, n, o.shape[-1])
 
 
 _decode_core = _DecodeCore()
 
 
-def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool):
+def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool, fused=None):
     """The attention field of the single-layer equation `eq` at `t` on the rows `u`
-    (positions `pos, pos + 1, ...`), reading and updating the layer's cache."""
+    (positions `pos, pos + 1, ...`), reading and updating the layer's cache. `fused`:
+    the layer's `Attention.fused_qkv()`, computed once by a caller that loops."""
     att, head_weights = eq.controls(t, "right", "attention").discretise(eq.grid)
     v_in = eq.block.attention_input(eq, t, u)
     nodes = eq.grid.tokens.nodes_weights(n_max)[0]
@@ -277,7 +283,9 @@ def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool):
     rotary = None
     if eq.rope is not None:
         rotary = eq.rope.cos_sin(jax.lax.dynamic_slice_in_dim(x, pos, u.shape[0]), u.dtype)
-    q, k, v = att.project_qkv(v_in, feature_weights=eq.feature_weights(), rotary=rotary)
+    q, k, v = att.project_qkv(
+        v_in, feature_weights=eq.feature_weights(), rotary=rotary, fused=fused
+    )
     window = None if eq.window is None else eq.window.on_nodes(nodes)
     if full:  # the prefill: the whole window at once, as the uncached solve computes it
         extra = {} if window is None else {"window": window}
@@ -287,10 +295,11 @@ def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool):
         return out, (k, v)
     keys = jax.lax.dynamic_update_slice_in_dim(keys, k.astype(keys.dtype), pos, axis=1)
     values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), pos, axis=1)
+    rows = pos + jnp.arange(u.shape[0])  # the positions of the rows of `u`
     p = jnp.arange(n_max)
-    ok = p <= pos
+    ok = p[None, :] <= rows[:, None]  # causal: each row reads the keys up to its own
     if window is not None:
-        ok = ok & window(pos[None], p)[0]
+        ok = ok & window(rows, p)
     lw = jnp.where(ok, 0.0, -jnp.inf).astype(u.dtype)
     out = att.attend(
         q, keys, values, head_weights=head_weights, core=_decode_core, token_log_weights=lw
@@ -392,18 +401,109 @@ def prefill(
 
 
 def decode(
-    eq: TransformerIDE, layers, u: Float[Array, "1 features"], cache: KVCache, *,
+    eq: TransformerIDE, layers, u: Float[Array, "rows features"], cache: KVCache, *,
     solver=None, dt0=None,
-) -> tuple[Float[Array, "1 features"], KVCache]:  # fmt: skip
-    """The trajectory of one new token (its initial state `u`, `[1, features]`, at
-    position `cache.length`) attending to the cached keys and values and to itself.
-    Returns its final state $u(T)$ `[1, features]` and the cache with its row written,
-    one longer. Arguments as [`prefill`][itde.prefill]'s."""
+) -> tuple[Float[Array, "rows features"], KVCache]:  # fmt: skip
+    """The trajectories of new tokens (their initial states `u`, `[rows, features]`, at
+    positions `cache.length, cache.length + 1, ...`; one row for a decode step, a chunk of
+    the prompt for a prefill by chunks) attending to the cached keys and values and to
+    each other causally. Returns their final states $u(T)$ `[rows, features]` and the
+    cache with their rows written, `rows` longer. The rows must fit the cache
+    (`cache.length + rows <= cache.max_length`). Arguments as [`prefill`][itde.prefill]'s."""
     pos = cache.length
     h, keys, values = _solve(
         eq, layers, u, (cache.keys, cache.values), pos, cache.max_length, False, solver, dt0
     )
-    return h, KVCache(keys, values, pos + 1)
+    return h, KVCache(keys, values, pos + u.shape[0])
+
+
+def _kv_shapes(eq: TransformerIDE, t, dtype):
+    """The shapes of one token's keys and values at an evaluation of the attention at
+    `t`, `[kv_heads, 1, head_dim]` and `[kv_heads, 1, value_dim]` (traced abstractly)."""
+    att = eq.controls(t, "right", "attention").discretise(eq.grid)[0]
+    u = jax.ShapeDtypeStruct((1, eq.grid.n_features), dtype)
+    return jax.eval_shape(lambda u: att.project_qkv(u)[1:], u)
+
+
+def empty_cache(
+    eq: TransformerIDE, layers, max_length: int, dtype, *, solver=None, dt0=None
+) -> KVCache:
+    """A cache of `max_length` positions with none filled (zeros, `length` 0), shaped as
+    the keys and values of `eq` solved with `solver` and `dt0` (see
+    [`prefill`][itde.prefill]); [`decode`][itde.decode] fills it, one row or a chunk of
+    rows at a time. (`layers` is unused; it keeps the signature of the other entry
+    points.)"""
+    del layers
+    shapes = _kv_shapes(eq, eq.t0, dtype)
+
+    def zeros(s):
+        return jnp.zeros((s.shape[0], max_length, *s.shape[2:]), s.dtype)
+
+    n = n_evaluations(eq, solver, dt0)
+    keys, values = (tuple(zeros(s) for _ in range(n)) for s in shapes)
+    return KVCache(keys, values, jnp.zeros((), jnp.int32))
+
+
+def prefill_by_chunks(
+    eq: TransformerIDE, layers, u0: Float[Array, "max_length features"], length, *,
+    rows: int, solver=None, dt0=None,
+) -> tuple[Float[Array, "max_length features"], KVCache]:  # fmt: skip
+    """[`prefill`][itde.prefill] of the first `length` rows of `u0` (`length` traced;
+    `max_length`, the rows of `u0`, a multiple of `rows`), solved in chunks of `rows`
+    rows, each attending to the keys and values of the ones before it: the work is
+    `length` rounded up to a chunk, not `max_length`, and one compiled program serves
+    every `length`. Returns the final states (rows past the last chunk are `u0`'s) and
+    the cache, filled to `length`.
+
+    The discrete network is solved layer by layer: a `jax.lax.scan` over the layers
+    (each layer's weights read once for all its chunks; compiled once, whatever the
+    depth), and inside it a loop over the chunks. A Runge-Kutta solve (smooth controls)
+    runs each chunk through every step and stage against an empty cache instead."""
+    n_max = u0.shape[0]
+    if n_max % rows:
+        raise ValueError(f"the window's {n_max} rows must be a multiple of `rows`={rows}.")
+    chunks = (length + rows - 1) // rows
+    if _explicit_rk(solver) is not None:
+        cache = empty_cache(eq, layers, n_max, u0.dtype, solver=solver, dt0=dt0)
+
+        def rk_chunk(i, carry):
+            u, cache = carry
+            h, cache = decode(eq, layers, jax.lax.dynamic_slice_in_dim(u, i * rows, rows),
+                              cache, solver=solver, dt0=dt0)  # fmt: skip
+            return jax.lax.dynamic_update_slice_in_dim(u, h, i * rows, axis=0), cache
+
+        u, cache = jax.lax.fori_loop(0, chunks, rk_chunk, (u0, cache))
+        return u, eqx.tree_at(lambda c: c.length, cache, jnp.asarray(length, jnp.int32))
+    c = eq.controls
+    step = LIE_STEPS[type(eq.block)]
+    t = c.t0
+    kshape, vshape = _kv_shapes(eq, t, u0.dtype)
+
+    def layer(u, values):
+        one = dataclasses.replace(c, values=jax.tree.map(lambda a: a[None], values))
+        eq_l = dataclasses.replace(eq, controls=one)
+        keys = jnp.zeros((kshape.shape[0], n_max, *kshape.shape[2:]), kshape.dtype)
+        vals = jnp.zeros((vshape.shape[0], n_max, *vshape.shape[2:]), vshape.dtype)
+        # the layer's projection weights side by side, once for all its chunks
+        fused = eq_l.controls(t, "right", "attention").discretise(eq_l.grid)[0].fused_qkv()
+
+        def chunk(i, carry):
+            u, keys, vals = carry
+            pos = i * rows
+            w = jax.lax.dynamic_slice_in_dim(u, pos, rows)
+            h, (keys, vals) = step(eq_l, t, w, lambda x: _attention(
+                eq_l, t, x, keys, vals, pos, n_max, False, fused
+            ))  # fmt: skip
+            return jax.lax.dynamic_update_slice_in_dim(u, h, pos, axis=0), keys, vals
+
+        u, keys, vals = jax.lax.fori_loop(0, chunks, chunk, (u, keys, vals))
+        return u, (keys, vals)
+
+    u, (keys, vals) = jax.lax.scan(layer, u0, c.values)
+    n = c.n_layers
+    cache = KVCache(tuple(keys[i] for i in range(n)), tuple(vals[i] for i in range(n)),
+                    jnp.asarray(length, jnp.int32))  # fmt: skip
+    return u, cache
 
 
 __all__ = [
@@ -412,7 +512,9 @@ __all__ = [
     "NotCacheableError",
     "check_cacheable",
     "decode",
+    "empty_cache",
     "n_evaluations",
     "prefill",
+    "prefill_by_chunks",
     "split_layers",
 ]

@@ -19,7 +19,6 @@ import transformers as tf
 from helpers import spread_hf_weights
 
 import itde
-from itde.interop import _hf_lm
 
 N, VOCAB, PAD = 7, 50, 1
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10}
@@ -174,25 +173,29 @@ def test_greedy_equals_hugging_face_generate(name):
 
 
 def test_one_compilation_streams_and_samples():
-    """One compiled program serves the pieces of a generation, another prompt length, a
-    key and a temperature (`max_length` fixed); the pieces come as they are drawn; a
-    sample is `categorical(fold_in(key, i), logits / T)` of the model's own logits."""
+    """One compiled program serves the pieces of a generation and another prompt
+    length, one more a key and any temperature (`itde.programs` counts them); the pieces
+    come as they are drawn; a sample is `categorical(fold_in(key, i), logits / T)` of the
+    model's own logits."""
     lm = itde.from_hf(_cached("gpt2", torch.float64))
 
     def traces():
-        return eqx.debug.get_num_traces(_hf_lm._draw_traced)
+        return itde.programs.compiled
 
     before = traces()
     prompt = IDS[1, :3]
     pieces = list(lm.generate_stream(prompt, 4, max_length=N, chunk=3))
     assert [len(p) for p in pieces] == [3, 1]
     compiled = traces()
-    assert compiled - before <= 1  # two pieces, four tokens: at most one compilation
+    assert compiled - before <= 2  # two pieces, four tokens: the prefill and the loop
+    shorter = lm.generate(IDS[2, :2], 5, chunk=3)  # another prompt and window: the same
+    assert traces() == compiled
     key, temperature = jax.random.key(7), 0.7
     sampled = lm.generate(prompt, 4, key=key, temperature=temperature, max_length=N, chunk=3)
-    shorter = lm.generate(IDS[2, :2], 5, max_length=N, chunk=3)
-    assert traces() == compiled  # a key, a temperature, another prompt: no new one
-    assert len(shorter) == N and np.array_equal(shorter[:2], IDS[2, :2])
+    compiled = traces()  # the sampled loop
+    again = lm.generate(prompt, 4, key=jax.random.key(8), temperature=5.0, max_length=N, chunk=3)
+    assert traces() == compiled  # another key and temperature: no new one
+    assert len(shorter) == 7 and np.array_equal(shorter[:2], IDS[2, :2])
 
     # the samples again, from the logits of the window (the model is causal: the filler
     # after the last drawn token is never read) with the same key schedule
@@ -205,7 +208,6 @@ def test_one_compilation_streams_and_samples():
     np.testing.assert_array_equal(sampled, window)
     whole = lm.generate(prompt, 4, max_length=N, chunk=3)
     np.testing.assert_array_equal(np.concatenate([prompt, *pieces]), whole)
-    again = lm.generate(prompt, 4, key=jax.random.key(8), temperature=5.0, max_length=N, chunk=3)
     assert not np.array_equal(again, sampled)
 
 

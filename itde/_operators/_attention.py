@@ -19,6 +19,10 @@ from ._precision import contract
 from ._rope import rotate
 from ._window import TokenBand
 
+#: The most rows (tokens) for which attention reads each projection weight in its own
+#: layout (see `Attention._qkv`).
+FEW_ROWS = 8
+
 
 def _weighted(u, weights):
     """Multiply the last axis by quadrature weights (skipped for the unit grid)."""
@@ -187,29 +191,52 @@ class Attention(AbstractAttention):
             bo=zeros((d,)),
         )
 
-    def _qkv(self, uw):
-        """Queries, keys and values, each `[heads, tokens, size]`, from one matrix product:
-        the three weights side by side as one `[features, all sizes]` matrix (one GEMM
-        instead of three, the same sums; 0.885x the forward's time at batch 16, 128
-        tokens, width 128, 4 layers in one interleaved run)."""
+    def fused_qkv(self) -> tuple[Float[Array, "features size"], Float[Array, " size"]]:
+        """The query, key and value weights side by side, `[features, all sizes]`, and
+        their biases `[all sizes]` (zero where a projection has none): the one matrix the
+        projection multiplies by. It is a transposed copy of the weights; a loop that
+        projects many times with the same weights (a prefill by chunks) computes it once
+        and passes it to [`project_qkv`][itde.Attention.project_qkv]."""
         ws = (self.wq, self.wk, self.wv)
         bs = (self.bq, self.bk, self.bv)
-        d = uw.shape[-1]
+        d = self.wq.shape[-2]
         flat = [jnp.moveaxis(w, 1, 0).reshape(d, -1).astype(self.wq.dtype) for w in ws]
-        y = contract("nd,dk->nk", uw, jnp.concatenate(flat, axis=1))
+        bias = jnp.concatenate([
+            jnp.zeros(f.shape[1:], self.wq.dtype) if b is None else b.reshape(-1)
+            for b, f in zip(bs, flat)
+        ])  # fmt: skip
+        return jnp.concatenate(flat, axis=1), bias
+
+    def _qkv(self, uw, fused=None):
+        """Queries, keys and values, each `[heads, tokens, size]`, from one matrix product:
+        the three weights side by side as one `[features, all sizes]` matrix
+        ([`fused_qkv`][itde.Attention.fused_qkv], or `fused` when given: one GEMM instead
+        of three, the same sums; 0.885x the forward's time at batch 16, 128 tokens, width
+        128, 4 layers in one interleaved run). For a few rows (a decode step: at most
+        `FEW_ROWS`) without `fused`, each weight is read in its own
+        `[heads, features, size]` layout by a product batched over the heads instead: the
+        side-by-side matrix is a transposed copy of every weight, which costs more than
+        the product itself when there is one row (a third of a GPT-2 decode step,
+        measured)."""
+        ws = (self.wq, self.wk, self.wv)
+        bs = (self.bq, self.bk, self.bv)
+        if fused is None and uw.shape[0] <= FEW_ROWS:
+            out = []
+            for w, b in zip(ws, bs):
+                rows = jnp.broadcast_to(uw, (w.shape[0], *uw.shape))
+                y = contract("hnd,hdk->hnk", rows, w)
+                out.append(y if b is None else y + b[:, None, :].astype(y.dtype))
+            return tuple(out)
+        matrix, bias = self.fused_qkv() if fused is None else fused
+        y = contract("nd,dk->nk", uw, matrix)
         if any(b is not None for b in bs):
-            zero = jnp.zeros((), y.dtype)
-            y = y + jnp.concatenate(
-                [
-                    jnp.broadcast_to(zero, f.shape[1:]) if b is None else b.reshape(-1)
-                    for b, f in zip(bs, flat)
-                ]
-            ).astype(y.dtype)
+            y = y + bias.astype(y.dtype)
         out, start = [], 0
-        for w, f in zip(ws, flat):
-            part = y[:, start : start + f.shape[1]].reshape(uw.shape[0], w.shape[0], w.shape[2])
+        for w in ws:
+            size = w.shape[0] * w.shape[2]
+            part = y[:, start : start + size].reshape(uw.shape[0], w.shape[0], w.shape[2])
             out.append(jnp.moveaxis(part, 1, 0))
-            start += f.shape[1]
+            start += size
         return tuple(out)
 
     def __call__(
@@ -290,13 +317,15 @@ class Attention(AbstractAttention):
             **extra,
         )
 
-    def project_qkv(self, u, *, feature_weights=None, rotary=None):
+    def project_qkv(self, u, *, feature_weights=None, rotary=None, fused=None):
         """The first half of the call: queries, keys and values
         `[heads or kv_heads, tokens, size]` of the tokens of `u`, queries and keys rotated
         by `rotary` (keys and values not yet repeated for grouped-query attention). A token's
         own row depends on that token alone, so a key/value cache
-        ([`itde.KVCache`][itde.KVCache]) stores these rows."""
-        q, k, v = self._qkv(_weighted(u, feature_weights))
+        ([`itde.KVCache`][itde.KVCache]) stores these rows. `fused`: this operator's
+        [`fused_qkv`][itde.Attention.fused_qkv], computed once by a caller that projects
+        many times."""
+        q, k, v = self._qkv(_weighted(u, feature_weights), fused)
         if rotary is not None:
             q, k = rotate(q, rotary), rotate(k, rotary)
         return q, k, v
@@ -318,7 +347,13 @@ class Attention(AbstractAttention):
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
         o = core(q, k, v, **pair_terms)
-        out = contract("hne,hed->nd", _weighted(o, head_weights), self.wo)
+        # the heads' outputs side by side, [queries, heads * value_dim], against W^O as one
+        # [heads * value_dim, features] matrix (a view of it): XLA otherwise transposes
+        # W^O at every call to match `o`'s head-major layout (a third of a decode step's
+        # time at GPT-2's shape)
+        h, n, e = o.shape
+        o = jnp.moveaxis(_weighted(o, head_weights), 0, 1).reshape(n, h * e)
+        out = contract("nk,kd->nd", o, self.wo.reshape(h * e, self.wo.shape[-1]))
         if self.bo is not None:
             out = out + self.bo.astype(dtype)
         return out

@@ -5,7 +5,8 @@ A Hugging Face `...ForCausalLM` (`GPT2LMHeadModel`, `LlamaForCausalLM`) is a bas
 [`CausalLMFamily`][itde.interop.CausalLMFamily] converts one such class through the base
 model's family; [`HFCausalLM`][itde.interop.HFCausalLM] holds the converted base (an
 [`HFTransformer`][itde.HFTransformer], unchanged) and the head, and gives the logits, the
-loss Hugging Face computes from `labels`, and generation compiled once for a fixed length.
+loss Hugging Face computes from `labels`, and generation (the engine of `itde._generate`,
+compiled once per window bucket).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._kv_cache import NotCacheableError, check_cacheable, decode, prefill, split_layers
+from .._generate import AbstractDecoder, generate_rows, prefill_logits, window_length
+from .._kv_cache import NotCacheableError, check_cacheable
 from .._operators._precision import contract, wide
 from .._roles import kernel
-from .._sampling import _scalar, check_filters, draw_token
+from .._sampling import _scalar, check_filters
+from .._solve import solve
 from . import _hf_glue as g
 from ._hf_family import AbstractHFFamily, check_weights
 from ._hf_model import HFTransformer
@@ -171,7 +174,7 @@ class HFCausalLM(eqx.Module):
     - `loss(input_ids, attention_mask, labels)` (a batch) and `perplexity`: Hugging Face's
       `model(..., labels=labels).loss` and its exponential;
     - `generate` and `generate_stream`: greedy or sampled continuation of a prompt,
-      compiled once for a fixed length and streamed as it is drawn;
+      compiled once per window bucket and streamed as it is drawn;
     - `to_hf()`: the Hugging Face model again (a tied head stays tied).
 
     **Arguments:**
@@ -336,11 +339,13 @@ class HFCausalLM(eqx.Module):
         """The tokens drawn after `prompt_ids`, yielded in pieces of at most `chunk` tokens
         as they are drawn (the prompt itself is not yielded).
 
-        One compiled program draws a piece (a `jax.lax.fori_loop` over its tokens; each
-        token is the causal model run on a window of `max_length` tokens, the prompt and the
-        tokens drawn so far followed by filler the causal attention never reads): it is
-        compiled once per model and `max_length`, whatever the prompt, the number of tokens,
-        the key, the temperature, `top_k` or `top_p`, and never per token.
+        The generation runs in a window that holds the prompt, the new tokens and filler
+        the causal attention never reads, padded to a bucket (a power of two from 256, at
+        most the model's positions: `itde._generate`), so its programs (the prefill and
+        the loop that draws a piece, a `jax.lax.fori_loop` over its tokens) are compiled
+        once per model and bucket, whatever the prompt's length, the number of tokens, the
+        key, the temperature, `top_k` or `top_p` (greedy and sampled draws are two
+        programs), and never per token. They are held in `itde.programs`.
 
         **Arguments:**
 
@@ -357,62 +362,36 @@ class HFCausalLM(eqx.Module):
           ([`warp_logits`][itde.train.warp_logits]); with a `key` only.
         - `eos_token_id`: stop after drawing this token (it is yielded); None: draw
           `max_new_tokens`.
-        - `max_length`: the window length the program is compiled for (default: prompt
-          plus `max_new_tokens`); fix it to reuse one compilation across prompts. At most
-          the model's position limit.
+        - `max_length`: the window the generation needs (default: prompt plus
+          `max_new_tokens`), at most the model's position limit; it is padded to its
+          bucket (on a token rule other than the unit grid, where the window's length is
+          part of the discretisation, it is used as given).
         - `chunk`: tokens drawn per call of the compiled program (part of what it is
           compiled for).
         - `cache`: keep every layer's keys and values ([`itde.KVCache`][itde.KVCache]):
-          the prompt is solved once (a prefill compiled per model and `max_length`), then
-          each token runs its own trajectory against the cache instead of the whole
-          window (the same tokens; float64 logits equal to round-off). None (default):
+          the prompt is solved once, in chunks of 64 rows against the cache, then each
+          token runs its own trajectory against the cache instead of the whole window
+          (the same tokens; float64 logits equal to round-off). None (default):
           with the cache when the model is cacheable
           ([`itde.check_cacheable`][itde.check_cacheable]), without otherwise; True:
           with it, or `itde.NotCacheableError` saying why not; False: without.
         """
-        prompt, n_new, window_len = self._check_generate(
+        prompt, n_new, need = self._check_generate(
             prompt_ids, max_new_tokens, key, temperature, eos_token_id, max_length, chunk
         )
-        key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
-        cache = self._use_cache(cache, window_len)
-        window = np.zeros((window_len,), np.int32)
-        window[: prompt.shape[0]] = prompt
-        window, filled = jnp.asarray(window), jnp.asarray(prompt.shape[0], jnp.int32)
-        if cache is not False:
-            yield from self._stream_cached(
-                window, filled, n_new, key, temp, k, floor, eos_token_id, chunk
-            )
-            return
-        done = 0
-        while done < n_new:
-            n = min(chunk, n_new - done)
-            window, filled, out = _draw(
-                self, window, filled, key, temp, k, floor, jnp.asarray(done, jnp.int32),
-                jnp.asarray(n, jnp.int32), chunk,
-            )  # fmt: skip
-            piece = np.asarray(out[:n])
+        keys, sampling = _sampling_args(key, temperature, top_k, top_p)
+        dec = HFDecoder(self)
+        length = window_length(dec, need, self.base.max_tokens, need)
+        cached = self._use_cache(cache, length)
+        for piece in generate_rows(
+            dec, [prompt], n_new, length=length, key=keys, sampling=sampling,
+            eos_token_id=eos_token_id, chunk=chunk, cache=cached,
+        ):  # fmt: skip
+            piece = piece[0]
             if eos_token_id is not None and (piece == eos_token_id).any():
                 yield piece[: int(np.argmax(piece == eos_token_id)) + 1]
                 return
             yield piece
-            done += n
-
-    def _stream_cached(self, window, filled, n_new, key, temp, k, floor, eos, chunk):
-        layers = split_layers(self.base.equation)
-        cache, logits = _prefill(self, layers, window, filled)
-        done = 0
-        while done < n_new:
-            n = min(chunk, n_new - done)
-            window, cache, logits, out = _draw_cached(
-                self, layers, window, cache, logits, key, temp, k, floor,
-                jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk,
-            )  # fmt: skip
-            piece = np.asarray(out[:n])
-            if eos is not None and (piece == eos).any():
-                yield piece[: int(np.argmax(piece == eos)) + 1]
-                return
-            yield piece
-            done += n
 
     def _use_cache(self, cache, window_len: int) -> bool:
         """Whether to generate with the cache: `cache` checked, None resolved."""
@@ -463,7 +442,7 @@ class HFCausalLM(eqx.Module):
         """
         rows = _prompt_rows(prompts)
         n_new = _natural("max_new_tokens", max_new_tokens, 0)
-        window_len = max(np.size(r) for r in rows) + n_new if max_length is None else max_length
+        need = max(np.size(r) for r in rows) + n_new if max_length is None else max_length
         self._check_causal()
         checked = []
         for b, row in enumerate(rows):  # what is wrong with a row names the row
@@ -474,38 +453,17 @@ class HFCausalLM(eqx.Module):
         self._check_options(n_new, key, temperature, eos_token_id, chunk)  # the same for all
         for b, row in enumerate(checked):
             try:
-                self._check_window(row, n_new, window_len)
+                self._check_window(row, n_new, need)
             except ValueError as e:
                 raise ValueError(f"`prompts[{b}]`: {e}") from None
-        key, temp, k, floor = _sampling_args(key, temperature, top_k, top_p)
-        keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(rows)))
-        cached = self._use_cache(cache, window_len)
-        window = np.zeros((len(rows), window_len), np.int32)
-        for b, row in enumerate(checked):
-            window[b, : len(row)] = row
-        window = jnp.asarray(window)
-        filled = jnp.asarray([len(r) for r in checked], jnp.int32)
-        pieces: list[np.ndarray] = []
-        if cached:
-            layers = split_layers(self.base.equation)
-            state, logits = _prefill_batch(self, layers, window, filled)
-        done = 0
-        ended = np.zeros((len(rows),), bool)
-        while done < n_new and not ended.all():
-            n = min(chunk, n_new - done)
-            steps = (jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk)
-            if cached:
-                window, state, logits, out = _draw_cached_batch(
-                    self, layers, window, state, logits, keys, temp, k, floor, *steps
-                )
-            else:
-                window, filled, out = _draw_batch(self, window, filled, keys, temp, k, floor,
-                                                  *steps)  # fmt: skip
-            piece = np.asarray(out[:, :n])
-            if eos_token_id is not None:
-                ended |= (piece == eos_token_id).any(axis=1)
-            pieces.append(piece)
-            done += n
+        keys, sampling = _sampling_args(key, temperature, top_k, top_p)
+        dec = HFDecoder(self)
+        length = window_length(dec, need, self.base.max_tokens, need)
+        cached = self._use_cache(cache, length)
+        pieces = list(generate_rows(
+            dec, checked, n_new, length=length, key=keys, fold=True, sampling=sampling,
+            eos_token_id=eos_token_id, chunk=chunk, cache=cached,
+        ))  # fmt: skip
         drawn = np.concatenate(pieces, axis=1) if pieces else np.zeros((len(rows), 0), np.int32)
         out_rows = []
         for row, new in zip(checked, drawn, strict=True):
@@ -513,6 +471,35 @@ class HFCausalLM(eqx.Module):
                 new = new[: int(np.argmax(new == eos_token_id)) + 1]
             out_rows.append(np.concatenate([row, new]).astype(np.int32))
         return out_rows
+
+    def next_token_logits(self, prompts, *, max_length: int | None = None) -> np.ndarray:
+        """The logits of the token after each prompt, `[prompts, vocab]` (NumPy, at least
+        float32), computed as generation computes them: the prompts padded into a window
+        bucket and solved by the key/value cache in chunks (one compiled program per
+        bucket and batch size, whatever the prompts' lengths). Equal to the last row of
+        [`logits`][itde.interop.HFCausalLM.logits] of each prompt alone, to round-off.
+
+        **Arguments:** `prompts`: a non-empty list of `[prompt]` id sequences (or a 2-D
+        array); `max_length`: the window (default: the longest prompt), padded to its
+        bucket. The model must be cacheable ([`itde.check_cacheable`][itde.check_cacheable];
+        otherwise `itde.NotCacheableError` says why)."""
+        self._check_causal()
+        checked = []
+        for b, row in enumerate(_prompt_rows(prompts)):
+            try:
+                checked.append(self._check_prompt(row))
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"`prompts[{b}]`: {e}") from None
+        need = max(len(r) for r in checked) if max_length is None else max_length
+        for b, row in enumerate(checked):
+            try:
+                self._check_window(row, 0, need)
+            except ValueError as e:
+                raise ValueError(f"`prompts[{b}]`: {e}") from None
+        dec = HFDecoder(self)
+        length = window_length(dec, need, self.base.max_tokens, need)
+        self._use_cache(True, length)
+        return prefill_logits(dec, checked, length=length)
 
     def generate(self, prompt_ids, max_new_tokens, **kwargs) -> np.ndarray:
         """The prompt followed by the drawn tokens, `[prompt + new]` (arguments as
@@ -606,43 +593,50 @@ def _natural(name, value, minimum):
     return int(value)
 
 
-@eqx.filter_jit
-def _draw(lm, window, filled, key, temperature, top_k, floor, start, n, chunk: int):
-    return _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk)
-
-
-@eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
-def _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk):
-    """Draw `n <= chunk` tokens after the `filled` tokens of `window`; token `i` of the
-    whole generation (`i = start + j`) uses `fold_in(key, i)`; `top_k`, `floor`: the
-    filters of `itde._sampling.check_filters` (the sampler `itde sample` uses too). The
-    model is causal, so the filler after position `filled - 1` does not reach it."""
-
-    def body(j, carry):
-        window, filled, out = carry
-        h = lm.base(window)[filled - 1]
-        logits = lm.project(h)
-        logits = logits.astype(wide(logits.dtype))
-        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
-        return window.at[filled].set(tok), filled + 1, out.at[j].set(tok)
-
-    out = jnp.zeros((chunk,), jnp.int32)
-    return jax.lax.fori_loop(0, n, body, (window, filled, out))
-
-
 def _sampling_args(key, temperature, top_k, top_p):
-    """The traced sampling arguments of the compiled draws: a key (a fixed one when
-    greedy), the temperature (0: greedy), `top_k` and the `top_p` floor."""
+    """The sampler of a generation: `(None, None)` when greedy (no key, or temperature
+    0), else the key and the traced `(temperature, top_k, floor)` of the compiled draws."""
     if key is None and (top_k is not None or top_p != 1):
         raise ValueError(
             f"`top_k`={top_k!r}, `top_p`={top_p!r} without a `key` would be ignored (no "
             "key: greedy); pass `key=jax.random.key(seed)` to sample."
         )
     top_k, floor = check_filters(top_k, top_p)
-    greedy = key is None or temperature == 0
-    key = jax.random.key(0) if key is None else key
-    temp = _scalar(0.0 if greedy else temperature)
-    return key, temp, jnp.asarray(top_k, jnp.int32), _scalar(floor)
+    if key is None or temperature == 0:
+        return None, None
+    return key, (_scalar(temperature), jnp.asarray(top_k, jnp.int32), _scalar(floor))
+
+
+class HFDecoder(AbstractDecoder):
+    """A Hugging Face causal language model as the generation engine reads it
+    ([`AbstractDecoder`][itde.AbstractDecoder]): the base model's embedding and equation,
+    the output map and the head; logits at least float32 (`wide`)."""
+
+    lm: HFCausalLM
+
+    @property
+    def equation(self):
+        return self.lm.base.equation
+
+    @property
+    def model(self):
+        return self.lm
+
+    @property
+    def max_tokens(self):
+        return self.lm.base.max_tokens
+
+    def initial(self, window):
+        return self.lm.base.embed(window)
+
+    def states(self, window):
+        ys = solve(self.equation, self.initial(window)).ys
+        assert ys is not None
+        return ys[-1]
+
+    def logits(self, u):
+        out = self.lm.project(self.equation.output(u).astype(u.dtype))
+        return out.astype(wide(out.dtype))
 
 
 def _prompt_rows(prompts) -> list:
@@ -662,78 +656,3 @@ def _prompt_rows(prompts) -> list:
             f"{type(prompts).__name__}{'' if not isinstance(prompts, (list, tuple)) else ' of 0'}."
         )
     return list(prompts)
-
-
-@eqx.filter_jit
-def _prefill(lm, layers, window, filled):
-    return _prefill_traced(lm, layers, window, filled)
-
-
-@eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
-def _prefill_traced(lm, layers, window, filled):
-    """The whole window solved once: the cache filled to `filled`, and the logits of the
-    last prompt token (compiled once per model and window length)."""
-    eq = lm.base.equation
-    u, cache = prefill(eq, layers, lm.base.embed(window), filled)
-    h = eq.output(jax.lax.dynamic_slice_in_dim(u, filled - 1, 1))[0].astype(u.dtype)
-    logits = lm.project(h)
-    return cache, logits.astype(wide(logits.dtype))
-
-
-@eqx.filter_jit
-def _draw_cached(lm, layers, window, cache, logits, key, temperature, top_k, floor, start, n,
-                 chunk: int):  # fmt: skip
-    return _draw_cached_traced(
-        lm, layers, window, cache, logits, key, temperature, top_k, floor, start, n, chunk
-    )
-
-
-@eqx.debug.assert_max_traces(max_traces=None)
-def _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top_k, floor,
-                        start, n, chunk):  # fmt: skip
-    """Draw `n <= chunk` tokens from the `logits` of the last filled position, each new
-    token's trajectory solved against the cache (`itde.decode`). The embeddings of a new
-    token are row `filled` of the window's (so that any position scheme reads the window
-    as the uncached solve does)."""
-    eq = lm.base.equation
-
-    def body(j, carry):
-        window, cache, logits, out = carry
-        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
-        pos = cache.length
-        window = window.at[pos].set(tok)
-        u = jax.lax.dynamic_slice_in_dim(lm.base.embed(window), pos, 1)
-        h, cache = decode(eq, layers, u, cache)
-        nxt = lm.project(eq.output(h)[0].astype(h.dtype))
-        return window, cache, nxt.astype(logits.dtype), out.at[j].set(tok)
-
-    out = jnp.zeros((chunk,), jnp.int32)
-    return jax.lax.fori_loop(0, n, body, (window, cache, logits, out))
-
-
-@eqx.filter_jit
-def _prefill_batch(lm, layers, window, filled):
-    """`_prefill` of every row (`window [rows, length]`, `filled [rows]`)."""
-    return jax.vmap(_prefill_traced, in_axes=(None, None, 0, 0))(lm, layers, window, filled)
-
-
-@eqx.filter_jit
-def _draw_cached_batch(lm, layers, window, cache, logits, keys, temperature, top_k, floor,
-                       start, n, chunk: int):  # fmt: skip
-    """`_draw_cached` of every row, each with its own cache, logits and key."""
-
-    def one(window, cache, logits, key):
-        return _draw_cached_traced(lm, layers, window, cache, logits, key, temperature, top_k,
-                                   floor, start, n, chunk)  # fmt: skip
-
-    return jax.vmap(one)(window, cache, logits, keys)
-
-
-@eqx.filter_jit
-def _draw_batch(lm, window, filled, keys, temperature, top_k, floor, start, n, chunk: int):
-    """`_draw` of every row (the uncached draw), each with its own key."""
-
-    def one(window, filled, key):
-        return _draw_traced(lm, window, filled, key, temperature, top_k, floor, start, n, chunk)
-
-    return jax.vmap(one)(window, filled, keys)

@@ -1,7 +1,10 @@
 """Autoregressive sampling from a trained causal language model (tasks `charlm`, `textlm`).
 
-The generation loop is compiled once: each call of the compiled program draws a chunk of
-up to `chunk` tokens in a `jax.lax.fori_loop` (one dispatch per chunk, not per token),
+The draws run on the library's one generation engine (`itde._generate`, which
+`HFCausalLM.generate` runs on too): a window bucket compiled once (the prompt and the new
+tokens within the context; a full context slides), and each call of the compiled
+program draws a chunk of up to `chunk` tokens in a `jax.lax.fori_loop` (one dispatch per
+chunk, not per token),
 and [`sample_stream`][itde.train.sample_stream] hands each chunk's text over as soon as it
 is drawn, so a long generation shows progress and an interrupt keeps what was shown. The
 temperature, top-k and top-p of Hugging Face's `generate` are traced values of that
@@ -15,120 +18,66 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._config import SEED_MAX
-from .._kv_cache import NotCacheableError, check_cacheable, decode, prefill, split_layers
+from .._generate import AbstractDecoder, generate_rows, window_length
+from .._generate import cacheable as engine_cacheable
+from .._kv_cache import check_cacheable
 from .._registry import SCHEMES
-from .._sampling import IncrementalDecoder, _scalar, check_filters, draw_token
+from .._sampling import IncrementalDecoder, _scalar, check_filters
+from ._model import TokenModel, integrate
 
 #: how the sampler's errors name its filters (the flags of `itde sample`)
 FILTER_NAMES = ("--top-k", "--top-p")
 
 
-@eqx.filter_jit
-def _draw(model, window, filled, key, temperature, top_k, floor, start, n, chunk: int):
-    return _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n, chunk)
+class TokenDecoder(AbstractDecoder):
+    """A trained causal [`TokenModel`][itde.train.TokenModel] as the generation engine
+    reads it ([`AbstractDecoder`][itde.AbstractDecoder]): its initial condition, its depth
+    scheme and step, its head; logits in float32 (the sampler's dtype for every model)."""
 
+    token_model: TokenModel
 
-def _push(window, filled, tok):
-    """`window` with `tok` after its `filled` tokens; a full window slides (drops its oldest)."""
-    context = window.shape[0]
-    slid = jnp.roll(window, -1).at[-1].set(tok)
-    grown = window.at[jnp.minimum(filled, context - 1)].set(tok)
-    return jnp.where(filled >= context, slid, grown)
+    @property
+    def equation(self):
+        return self.token_model.ide
 
+    @property
+    def model(self):
+        return self.token_model
 
-@eqx.debug.assert_max_traces(max_traces=None)  # counts compilations (`eqx.debug.get_num_traces`)
-def _draw_traced(model, window, filled, key, temperature, top_k, floor, start, n, chunk):
-    """Draw `n <= chunk` tokens after the `filled` tokens of `window` (right-padded to the
-    context; when full, the window slides). Token `i` of the whole generation uses the key
-    `fold_in(key, i)`, `i = start + j`; `top_k`, `floor`: the filters of
-    `itde._sampling.check_filters`.
+    @property
+    def max_tokens(self):
+        return self.token_model.max_tokens
 
-    The model is causal (Volterra attention), so the padding after position `filled - 1`
-    does not reach it: one compiled program serves every prefix length."""
-    context = window.shape[0]
+    @property
+    def solver(self):
+        return SCHEMES[self.token_model.scheme].make()
 
-    def body(j, carry):
-        window, filled, out = carry
-        logits = model(window)[filled - 1].astype(jnp.float32)
-        k = jax.random.fold_in(key, start + j)
-        tok = draw_token(logits, k, temperature, top_k, floor)
-        return _push(window, filled, tok), jnp.minimum(filled + 1, context), out.at[j].set(tok)
+    @property
+    def dt0(self):
+        return self.token_model.dt
 
-    out = jnp.zeros((chunk,), jnp.int32)
-    return jax.lax.fori_loop(0, n, body, (window, filled, out))
+    def initial(self, window):
+        return self.token_model.initial_state(window)
 
+    def states(self, window):
+        m = self.token_model
+        return integrate(m.ide, m.initial_state(window), m.scheme, m.dt)
 
-@eqx.filter_jit
-def _prefill(model, layers, window, filled):
-    return _prefill_traced(model, layers, window, filled)
-
-
-def _scheme(model) -> dict:
-    """The model's depth scheme as the cache takes it."""
-    return dict(solver=SCHEMES[model.scheme].make(), dt0=model.dt)
-
-
-@eqx.debug.assert_max_traces(max_traces=None)
-def _prefill_traced(model, layers, window, filled):
-    """The window solved once: the cache, and the logits of position `filled - 1`."""
-    u, cache = prefill(model.ide, layers, model.initial_state(window), filled, **_scheme(model))
-    row = jax.lax.dynamic_slice_in_dim(u, filled - 1, 1)
-    return cache, model.head(row)[0].astype(jnp.float32)
-
-
-@eqx.filter_jit
-def _draw_cached(model, layers, window, filled, cache, logits, key, temperature, top_k, floor,
-                 start, n, chunk: int):  # fmt: skip
-    return _draw_cached_traced(model, layers, window, filled, cache, logits, key, temperature,
-                               top_k, floor, start, n, chunk)  # fmt: skip
-
-
-@eqx.debug.assert_max_traces(max_traces=None)
-def _draw_cached_traced(model, layers, window, filled, cache, logits, key, temperature, top_k,
-                        floor, start, n, chunk):  # fmt: skip
-    """`_draw_traced` with a key/value cache: while the window grows, each new token runs
-    its own trajectory against the cache (`itde.decode`); once it is full and slides,
-    every position moves, so the slid window is solved again in one prefill."""
-    context = window.shape[0]
-    eq = model.ide
-
-    def grow(window, filled, cache):
-        u = jax.lax.dynamic_slice_in_dim(model.initial_state(window), filled - 1, 1)
-        h, cache = decode(eq, layers, u, cache, **_scheme(model))
-        return cache, model.head(h)[0].astype(jnp.float32)
-
-    def slide(window, filled, cache):
-        u, cache = prefill(eq, layers, model.initial_state(window), context, **_scheme(model))
-        return cache, model.head(u[-1:])[0].astype(jnp.float32)
-
-    def body(j, carry):
-        window, filled, cache, logits, out = carry
-        tok = draw_token(logits, jax.random.fold_in(key, start + j), temperature, top_k, floor)
-        full = filled >= context
-        window = _push(window, filled, tok)
-        filled = jnp.minimum(filled + 1, context)
-        cache, logits = jax.lax.cond(full, slide, grow, window, filled, cache)
-        return window, filled, cache, logits, out.at[j].set(tok)
-
-    out = jnp.zeros((chunk,), jnp.int32)
-    return jax.lax.fori_loop(0, n, body, (window, filled, cache, logits, out))
+    def logits(self, u):
+        return self.token_model.head(u).astype(jnp.float32)
 
 
 def cacheable(model, context: int) -> bool:
     """Whether `itde sample` can draw from `model` with a key/value cache
     ([`itde.check_cacheable`][itde.check_cacheable] with the model's depth scheme and
-    step); otherwise it solves the whole window for every token."""
-    try:
-        check_cacheable(model.ide, context, **_scheme(model))
-    except NotCacheableError:
-        return False
-    return True
+    step) in a window of `context` tokens; otherwise it solves the whole window for
+    every token."""
+    return engine_cacheable(TokenDecoder(model), context)
 
 
 def _check(model, itos, prompt, length, temperature, seed, encode=None, *, top_k=None,
@@ -204,47 +153,37 @@ def sample_stream(
     draw with a key/value cache (None: when the model is cacheable, see
     [`itde.check_cacheable`][itde.check_cacheable]; True/False: with or without; the same
     tokens either way, to round-off)."""
-    if cache is True:
-        check_cacheable(model.ide, _context(model, context), **_scheme(model))
+    if cache not in (None, True, False):
+        raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
     top_k, floor = _check(model, itos, prompt, length, temperature, seed, encode,
                           top_k=top_k, top_p=top_p)  # fmt: skip
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"`chunk`={chunk!r} must be a positive integer.")
     ids = _prompt_ids(itos, prompt, encode, decode)
     context = _context(model, context)
-    tail = ids[-context:]
-    window = np.zeros((context,), np.int32)
-    window[: len(tail)] = tail
-    window, filled = jnp.asarray(window), jnp.asarray(len(tail), jnp.int32)
-    key = jax.random.key(seed)
-    temp, k, floor = _scalar(temperature), jnp.asarray(top_k, jnp.int32), _scalar(floor)
+    tail = np.asarray(ids[-context:], np.int32)
+    dec = TokenDecoder(model)
+    # within the context: a window bucket (exact, causal), else the context, sliding
+    slide = len(tail) + length > context
+    window = context if slide else window_length(dec, len(tail) + length, context, context)
+    if cache is True:
+        check_cacheable(model.ide, window, solver=dec.solver, dt0=dec.dt0)
+    elif cache is None:
+        cache = engine_cacheable(dec, window)
+    key, sampling = None, None  # temperature 0: the greedy program
+    if temperature != 0:
+        key = jax.random.key(seed)
+        sampling = (_scalar(temperature), jnp.asarray(top_k, jnp.int32), _scalar(floor))
     text = IncrementalDecoder(decode or (lambda ids: "".join(itos[i] for i in ids)), ids)
-    chunk = min(chunk, max(length, 1))
-    if cache is None:
-        cache = cacheable(model, context)
+    pieces = generate_rows(
+        dec, [tail], length, length=window, key=key, sampling=sampling,
+        chunk=chunk, cache=cache, slide=slide,
+    )  # fmt: skip
     done = 0
-    if cache:
-        layers = split_layers(model.ide)
-        kv, logits = _prefill(model, layers, window, filled)
-        while done < length:
-            n = min(chunk, length - done)
-            window, filled, kv, logits, out = _draw_cached(
-                model, layers, window, filled, kv, logits, key, temp, k, floor,
-                jnp.asarray(done, jnp.int32), jnp.asarray(n, jnp.int32), chunk,
-            )  # fmt: skip
-            done += n
-            piece = text.push(np.asarray(out[:n]))
-            yield piece + text.flush() if done >= length else piece
-        return
-    while done < length:
-        n = min(chunk, length - done)
-        window, filled, out = _draw(
-            model, window, filled, key, temp, k, floor, jnp.asarray(done, jnp.int32),
-            jnp.asarray(n, jnp.int32), chunk,
-        )  # fmt: skip
-        done += n
-        piece = text.push(np.asarray(out[:n]))
-        yield piece + text.flush() if done >= length else piece
+    for piece in pieces:
+        done += piece.shape[1]
+        out = text.push(piece[0])
+        yield out + text.flush() if done >= length else out
 
 
 def _context(model, context):
