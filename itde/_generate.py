@@ -161,7 +161,7 @@ def layers_of(dec: AbstractDecoder):
         held = _layers.get(key)
         if held is not None and held[0]() is model:
             return held[1]
-    layers = split_layers(dec.equation)
+    layers = programs(split_layers, dec.equation)  # one program, not an eager slice a leaf
     with _layers_lock:
         _layers[key] = (weakref.ref(model), layers)
     weakref.finalize(model, _forget, key)

@@ -214,7 +214,8 @@ programs = ProgramCache()
 
 
 # ------------------------------------------------------------------ counting compilations
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # compiled or loaded
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # loaded from the persistent cache
 _counters: list[list[int]] = []
 _listening = False
 _listen_lock = threading.Lock()
@@ -226,38 +227,49 @@ def _on_duration(event: str, duration: float, **_) -> None:
             counter[0] += 1
 
 
+def _on_event(event: str, **_) -> None:
+    if event == _HIT_EVENT:
+        for counter in list(_counters):
+            counter[1] += 1
+
+
 class Compilations:
     """What [`count_compilations`][itde.count_compilations] counted: `count`, the
-    programs XLA compiled in the block (a program read from JAX's persistent compilation
-    cache is not compiled, and not counted)."""
+    programs XLA compiled in the block, and `loaded`, those read from JAX's persistent
+    compilation cache instead (not compiled, not in `count`)."""
 
     def __init__(self, counter: list[int]):
         self._counter = counter
 
     @property
     def count(self) -> int:
-        return self._counter[0]
+        return self._counter[0] - self._counter[1]
+
+    @property
+    def loaded(self) -> int:
+        return self._counter[1]
 
     def __repr__(self) -> str:
-        return f"Compilations(count={self.count})"
+        return f"Compilations(count={self.count}, loaded={self.loaded})"
 
 
 @contextlib.contextmanager
 def count_compilations() -> Iterator[Compilations]:
     """Count the programs XLA compiles while the block runs, in every thread (JAX's
-    monitoring event for a backend compilation, so small programs of eager operations
-    count as well as the library's):
+    monitoring events for a backend compilation and for a persistent-cache hit, so small
+    programs of eager operations count as well as the library's):
 
         with itde.count_compilations() as c:
             lm.generate(prompt, 8)
-        print(c.count)
+        print(c.count, c.loaded)
     """
     global _listening
     with _listen_lock:
         if not _listening:
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            jax.monitoring.register_event_listener(_on_event)
             _listening = True
-    counter = [0]
+    counter = [0, 0]
     _counters.append(counter)
     try:
         yield Compilations(counter)

@@ -197,3 +197,23 @@ def test_every_prompt_length_to_300(models, family):
     np.testing.assert_allclose(together, ref, rtol=0, atol=1e-12)
     for n in (1, 2, 63, 64, 65, 128, 129, 255, 256, 257, 299, 300):
         np.testing.assert_array_equal(lm.generate(ids[:n], 3), _hf_greedy(model, ids[:n], 3))
+
+
+def _maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+@pytest.mark.slow
+def test_150_prompt_lengths_in_one_process_keep_the_mappings_bounded():
+    """150 distinct prompt lengths with a 12-layer model (GPT-2's depth): the programs of
+    its three buckets, nothing per length; the process's memory mappings grow by less
+    than 10,000 in all (each compiled program holds its own; before the buckets each
+    prompt length added about a thousand at GPT-2's shape)."""
+    _, lm = _build("gpt2", layers=12)
+    lengths = np.random.RandomState(5).choice(np.arange(1, POSITIONS - 2), 150, replace=False)
+    before, compiled = _maps(), itde.programs.compiled
+    for n in lengths:
+        lm.generate(_prompt(int(n)), 2)
+    assert itde.programs.compiled - compiled <= 6
+    assert _maps() - before < 10_000
