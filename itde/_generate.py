@@ -360,7 +360,7 @@ def generate_rows(
 
     **Arguments:**
 
-    - `length`: the window (from [`window_length`][itde._generate.window_length]: a
+    - `length`: the window (from `window_length`: a
       bucket, or the exact length on a non-unit token rule). Without `slide` it must hold
       every prompt and its new tokens.
     - `key`: a JAX key, with `sampling` = (temperature, top_k, floor) traced arrays;
@@ -383,7 +383,18 @@ def generate_rows(
     if greedy:
         sampling = None
     chunk = max(1, min(chunk, n_new))
+    first = (jnp.asarray(0, jnp.int32), jnp.asarray(min(chunk, n_new), jnp.int32), chunk,
+             greedy, slide)  # fmt: skip
     if cache:
+        layers = layers_of(dec)
+        rows = min(PREFILL_ROWS, length)
+        if not programs.holds(_prefill_program, dec, layers, window, filled, rows):
+            # a new bucket: the decode loop compiles in the background (from the shapes
+            # of the prefill's results) while the prefill compiles and runs here
+            kv, logits = eqx.filter_eval_shape(_prefill_program, dec, layers, window, filled,
+                                               rows)  # fmt: skip
+            programs.prepare(_decode_program, dec, layers, window, filled, kv, logits, keys,
+                             sampling, *first)  # fmt: skip
         layers, (kv, logits) = _prefill_rows(dec, window, filled)
     ended = np.zeros((real,), bool)
     done = 0

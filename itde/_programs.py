@@ -17,6 +17,7 @@ programs.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -55,7 +56,7 @@ def _signature(args):
     for leaf in leaves:
         if isinstance(leaf, jax.core.Tracer):
             return None
-        if eqx.is_array(leaf):
+        if eqx.is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct):
             dynamic.append(True)
             static.append(None)
             avals.append((leaf.shape, leaf.dtype, bool(getattr(leaf, "weak_type", False))))
@@ -82,6 +83,10 @@ class ProgramCache:
     **Arguments:** `capacity`: the number of programs held (default: the environment
     variable `ITDE_PROGRAM_CACHE`, else 32).
 
+    [`prepare`][itde.ProgramCache.prepare] compiles a program in a background thread from
+    the shapes of its arguments, before they exist (XLA compiles with the interpreter's
+    lock released: a program compiles on one core while the caller works on another).
+
     **Attributes** (counters since creation or [`clear`][itde.ProgramCache.clear]):
     `compiled` (programs compiled), `hits` (calls served by a held program), `evicted`,
     `compile_seconds` (time spent tracing, lowering and compiling).
@@ -92,6 +97,7 @@ class ProgramCache:
             capacity = int(os.environ.get(CAPACITY_VARIABLE, _DEFAULT_CAPACITY))
         self._lock = threading.RLock()
         self._programs: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._pending: dict[Any, concurrent.futures.Future] = {}
         self.capacity = capacity
         self._reset_counts()
 
@@ -130,25 +136,65 @@ class ProgramCache:
             self._programs.clear()
             self._reset_counts()
 
+    def _held(self, key):
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None:
+                self._programs.move_to_end(key)
+            return program
+
+    def _compile_and_hold(self, fn, key, leaves, dynamic) -> _Program:
+        start = time.perf_counter()
+        program = _compile(fn, key[1], leaves, dynamic)
+        with self._lock:
+            self.compile_seconds += time.perf_counter() - start
+            self.compiled += 1
+            self._programs[key] = program
+            self._evict()
+        return program
+
+    def holds(self, fn: Callable, *args) -> bool:
+        """Whether the program of `fn` for `args` is held or under way."""
+        sig = _signature(args)
+        if sig is None:
+            return False
+        key = (fn, *sig[0])
+        with self._lock:
+            return key in self._programs or key in self._pending
+
+    def prepare(self, fn: Callable, *args) -> None:
+        """Start compiling the program of `fn` for `args` in a background thread, unless
+        it is held or under way: array leaves of `args` may be `jax.ShapeDtypeStruct`s
+        (the shapes of arguments not computed yet). The next call `cache(fn, *args)` with
+        arrays of those shapes waits for it instead of compiling. A compilation that
+        fails here is tried again, in the caller's thread, by that call."""
+        sig = _signature(args)
+        if sig is None:
+            return
+        key = (fn, *sig[0])
+        with self._lock:
+            if key in self._programs or key in self._pending:
+                return
+            self._pending[key] = _background.submit(
+                self._compile_and_hold, fn, key, sig[1], sig[2]
+            )
+
     def __call__(self, fn: Callable, *args):
         sig = _signature(args)
         if sig is None:
             return fn(*args)
         key = (fn, *sig[0])
         leaves, dynamic = sig[1], sig[2]
-        with self._lock:
-            program = self._programs.get(key)
-            if program is not None:
-                self._programs.move_to_end(key)
-                self.hits += 1
+        program = self._held(key)
         if program is None:
-            start = time.perf_counter()
-            program = _compile(fn, key[1], leaves, dynamic)
             with self._lock:
-                self.compile_seconds += time.perf_counter() - start
-                self.compiled += 1
-                self._programs[key] = program
-                self._evict()
+                pending = self._pending.pop(key, None)
+            if pending is not None and pending.exception() is None:
+                program = self._held(key) or pending.result()
+        if program is None:
+            program = self._compile_and_hold(fn, key, leaves, dynamic)
+        else:
+            self.hits += 1
         return _run(program, [x for x, d in zip(leaves, dynamic) if d])
 
     def __repr__(self) -> str:
@@ -207,6 +253,9 @@ def _run(program: _Program, arrays: list):
         logger.removeFilter(hush)
     return eqx.combine(out, program.out_static)
 
+
+_background = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="itde-compile")
 
 #: The library's program cache: generation, solves and analyses over many shapes run
 #: through it (`itde.programs.capacity = 64` to hold more; `itde.programs.clear()`).

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import itde
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_session  # noqa: E402
 
@@ -15,6 +17,7 @@ def test_one_session_in_process_writes_its_table(tmp_path):
     """`--tiny --single`: the record is complete, itde's greedy tokens are transformers',
     and the four prompts of one bucket compiled four programs (the model's layers split
     once, the rows' keys, the prefill and the decode loop), not some per prompt."""
+    itde.programs.clear()  # count from nothing, whatever ran before in this process
     r = bench_session.main(["--tiny", "--single", "--prompts", "4", "--min", "5", "--max",
                             "60", "--new", "3", "--out", str(tmp_path)])["single"]  # fmt: skip
     assert json.loads((tmp_path / "bench_session.json").read_text())["single"] == r

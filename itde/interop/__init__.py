@@ -2,7 +2,7 @@
 
 from ._hf import HF_FAMILIES, from_hf, hf_float64, to_hf
 from ._hf_family import AbstractHFFamily
-from ._hf_lm import CausalLMFamily, HFCausalLM
+from ._hf_lm import CausalLMFamily, HFCausalLM, HFDecoder
 from ._hf_model import HFTransformer
 from ._hf_vit import HFVisionTransformer
 from ._hf_vit_domain import (
@@ -27,6 +27,7 @@ __all__ = [
     "HFBicubic",
     "CausalLMFamily",
     "HFCausalLM",
+    "HFDecoder",
     "HFTransformer",
     "HFVisionTransformer",
     "KeysCubic",

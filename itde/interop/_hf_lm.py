@@ -5,8 +5,8 @@ A Hugging Face `...ForCausalLM` (`GPT2LMHeadModel`, `LlamaForCausalLM`) is a bas
 [`CausalLMFamily`][itde.interop.CausalLMFamily] converts one such class through the base
 model's family; [`HFCausalLM`][itde.interop.HFCausalLM] holds the converted base (an
 [`HFTransformer`][itde.HFTransformer], unchanged) and the head, and gives the logits, the
-loss Hugging Face computes from `labels`, and generation (the engine of `itde._generate`,
-compiled once per window bucket).
+loss Hugging Face computes from `labels`, and generation (the library's one generation engine, the one `itde sample` runs on,
+compiled once per window bucket: [`AbstractDecoder`][itde.AbstractDecoder]).
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ class HFCausalLM(eqx.Module):
 
         The generation runs in a window that holds the prompt, the new tokens and filler
         the causal attention never reads, padded to a bucket (a power of two from 256, at
-        most the model's positions: `itde._generate`), so its programs (the prefill and
+        most the model's positions), so its programs (the prefill and
         the loop that draws a piece, a `jax.lax.fori_loop` over its tokens) are compiled
         once per model and bucket, whatever the prompt's length, the number of tokens, the
         key, the temperature, `top_k` or `top_p` (greedy and sampled draws are two
@@ -610,7 +610,9 @@ def _sampling_args(key, temperature, top_k, top_p):
 class HFDecoder(AbstractDecoder):
     """A Hugging Face causal language model as the generation engine reads it
     ([`AbstractDecoder`][itde.AbstractDecoder]): the base model's embedding and equation,
-    the output map and the head; logits at least float32 (`wide`)."""
+    the output map and the head; logits at least float32.
+
+    `lm`: the [`HFCausalLM`][itde.interop.HFCausalLM]."""
 
     lm: HFCausalLM
 

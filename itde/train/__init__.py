@@ -58,7 +58,7 @@ from ._loop import (
 )
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer, coarsen
-from ._sample import sample, sample_stream
+from ._sample import TokenDecoder, sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh, shard
 from ._task import AbstractTask, AbstractTokenTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
@@ -116,6 +116,7 @@ __all__ = [
     "regularised_loss",
     "sample",
     "sample_stream",
+    "TokenDecoder",
     "save_checkpoint",
     "shard",
     "to_dict",

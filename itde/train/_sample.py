@@ -1,11 +1,11 @@
 """Autoregressive sampling from a trained causal language model (tasks `charlm`, `textlm`).
 
-The draws run on the library's one generation engine (`itde._generate`, which
-`HFCausalLM.generate` runs on too): a window bucket compiled once (the prompt and the new
-tokens within the context; a full context slides), and each call of the compiled
+The draws run on the library's one generation engine (a
+[`TokenDecoder`][itde.train.TokenDecoder], an [`AbstractDecoder`][itde.AbstractDecoder];
+`HFCausalLM.generate` runs on it too): a window bucket compiled once (the prompt and the
+new tokens within the context; a full context slides), and each call of the compiled
 program draws a chunk of up to `chunk` tokens in a `jax.lax.fori_loop` (one dispatch per
-chunk, not per token),
-and [`sample_stream`][itde.train.sample_stream] hands each chunk's text over as soon as it
+chunk, not per token), and [`sample_stream`][itde.train.sample_stream] hands each chunk's text over as soon as it
 is drawn, so a long generation shows progress and an interrupt keeps what was shown. The
 temperature, top-k and top-p of Hugging Face's `generate` are traced values of that
 program ([`warp_logits`][itde.train.warp_logits]); the text is decoded incrementally
@@ -37,7 +37,9 @@ FILTER_NAMES = ("--top-k", "--top-p")
 class TokenDecoder(AbstractDecoder):
     """A trained causal [`TokenModel`][itde.train.TokenModel] as the generation engine
     reads it ([`AbstractDecoder`][itde.AbstractDecoder]): its initial condition, its depth
-    scheme and step, its head; logits in float32 (the sampler's dtype for every model)."""
+    scheme and step, its head; logits in float32 (the sampler's dtype for every model).
+
+    `token_model`: the model."""
 
     token_model: TokenModel
 
