@@ -23,6 +23,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         PostNorm,
         PreNorm,
     )
+    from ._buckets import (  # noqa: F401
+        AbstractTokenBuckets,
+        BlockBuckets,
+        PowerOfTwoBuckets,
+    )
     from ._config import (  # noqa: F401
         ConfigError,
     )
@@ -117,6 +122,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     )
     from ._quadrature._grid2d import (  # noqa: F401
         TensorGrid2D,
+    )
+    from ._quadrature._padded import (  # noqa: F401
+        PaddedTokens,
     )
     from ._quadrature._rules import (  # noqa: F401
         RULES,
@@ -223,6 +231,10 @@ _EXPORTS = {
     "FunctionKernel": ".function",
     "LegendreBasis": ".function",
     "TensorGrid2D": "._quadrature._grid2d",
+    "PaddedTokens": "._quadrature._padded",
+    "AbstractTokenBuckets": "._buckets",
+    "BlockBuckets": "._buckets",
+    "PowerOfTwoBuckets": "._buckets",
     "blocked_attention": "._operators._blocked",
     "dense_attention": "._operators._blocked",
     "fused_attention": "._operators._blocked",
@@ -402,4 +414,8 @@ __all__ = [
     "DepthStepWarning",
     "SlidingWindow",
     "TokenBand",
+    "PaddedTokens",
+    "AbstractTokenBuckets",
+    "BlockBuckets",
+    "PowerOfTwoBuckets",
 ]

@@ -53,6 +53,14 @@ class AbstractEquation(eqx.Module):
     def terms(self, kind: str = "paper", batched: bool = False) -> SplitTerm:
         """The sub-flows of the right-hand side for a solver."""
 
+    def padded_tokens(self, n_tokens: int, n_padded: int) -> AbstractEquation | None:
+        """The same equation for states of `n_tokens` real tokens padded to `n_padded`
+        (the padded tokens masked), with everything that depends on the token count held
+        as data, so that one compiled program serves every count up to `n_padded`; or
+        None where the equation's structure depends on the count (then an eager solve
+        runs at the count itself). This default is None."""
+        return None
+
     @abc.abstractmethod
     def project(self, t, u):
         """The exact projection onto the constraint set at depth `t`."""

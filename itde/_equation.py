@@ -22,6 +22,7 @@ from itde_solvers import ProjectionTerm, SplitTerm
 
 from ._abstract import AbstractEquation
 from ._blocks import AbstractBlockForm, PostNorm, as_block_form
+from ._buckets import PowerOfTwoBuckets
 from ._checks import as_array, check_bool, check_key, warn_if_vmapped_over_tokens
 from ._continuum import fold_norms
 from ._controls import AbstractControls, Block, PiecewiseConstant, stack
@@ -36,6 +37,7 @@ from ._operators._rope import Rope
 from ._operators._window import SlidingWindow
 from ._quadrature._rules import AbstractQuadrature, Grid
 from ._solve import TERMS_KINDS, solve
+from ._token_padding import has_tracer, run_on_tokens, take_rows
 
 
 def _batched(flow):
@@ -588,18 +590,44 @@ class TransformerIDE(AbstractEquation):
             )
         return dataclasses.replace(self, controls=controls, grid=grid)
 
+    def padded_tokens(self, n_tokens: int, n_padded: int) -> TransformerIDE | None:
+        """The model for `n_tokens` real tokens padded to `n_padded` (see
+        [`AbstractEquation.padded_tokens`][itde.AbstractEquation.padded_tokens]): its
+        token rule as data on `n_padded` nodes
+        ([`AbstractTokenDomain.padded`][itde.AbstractQuadrature.padded]). None with a
+        sliding `window` (its band is static token indices), a `score_bias` of one token
+        count (`DiscreteBias`), or a token domain that has no padded form (`TensorGrid2D`,
+        causal `Simpson` below 4 nodes)."""
+        if self.window is not None:
+            return None
+        if self.score_bias is not None and not self.score_bias.needs_positions:
+            return None
+        tokens = self.grid.tokens.padded(n_tokens, n_padded, causal=self.causal)
+        if tokens is None:
+            return None
+        return eqx.tree_at(lambda m: m.grid.tokens, self, tokens)
+
     # ----------------------------------------------------------------- solving
     def __call__(
         self, u0: Float[Array, "tokens features"], mask: Bool[Array, " tokens"] | None = None
     ) -> Float[Array, "tokens features"]:
         """The encoder's output for one sequence: $u(T)$ from the paper's scheme, in the
-        dtype of `u0`. `mask`: `[tokens]` booleans (or 0/1), False on padded tokens."""
+        dtype of `u0`. `mask`: `[tokens]` booleans (or 0/1), False on padded tokens.
+
+        An eager call (outside `jax.jit`) runs one program for the solve and the output
+        map, shared by every token count of a bucket where the model allows it (see
+        [`itde.solve`][itde.solve]'s "Compiled programs"); so do `batch` and
+        `trajectory`."""
         u0 = as_array("u0", u0)
         warn_if_vmapped_over_tokens(u0, self.batch_axis)
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
-        sol = solve(self, u0, args=mask)
-        assert sol.ys is not None
-        return self.output(sol.ys[-1]).astype(u0.dtype)
+        if has_tracer(self, u0, mask):
+            return _output(self, u0, mask)
+        self.check_state(u0, "u0")
+        return run_on_tokens(
+            _output, self, u0, mask, axis=-2, batch=None, buckets=PowerOfTwoBuckets(),
+            cut=lambda u, n: take_rows(u, n, -2),
+        )  # fmt: skip
 
     def output(self, u: Float[Array, "tokens features"]) -> Float[Array, "tokens features"]:
         r"""The model's output map applied to a solution state $u(T)$ of one sequence: the
@@ -638,7 +666,9 @@ class TransformerIDE(AbstractEquation):
                 f"`u0` must be a batch {layout}, got shape {getattr(u0, 'shape', None)}; for "
                 "one sequence call the model itself."
             )
-        x = jnp.moveaxis(u0, self.batch_axis, 0)
+        # the layout is read from the shape: moving the axis here would compile a
+        # transpose per shape (it happens inside the solve's program)
+        x = jax.ShapeDtypeStruct(_moved(u0.shape, self.batch_axis), u0.dtype)
         if x.shape[0] == 0:
             raise ValueError(
                 f"`u0` is an empty batch (axis {self.batch_axis} has length 0); give at least "
@@ -650,10 +680,14 @@ class TransformerIDE(AbstractEquation):
                 raise ValueError(
                     f"`mask` must have shape [batch, tokens] = {x.shape[:2]}, got {mask.shape}."
                 )
-        sol = solve(self, x, batched=True, args=mask)
-        assert sol.ys is not None
-        u = jax.vmap(self.output)(sol.ys[-1])
-        return jnp.moveaxis(u.astype(u0.dtype), 0, self.batch_axis)
+        if has_tracer(self, u0, mask):
+            return _batch_output(self, u0, mask)
+        self.check_state(jax.ShapeDtypeStruct(x.shape[1:], x.dtype), "u0[i]")
+        axis = 1 - self.batch_axis - 3  # the token axis of u0, counted from the end
+        return run_on_tokens(
+            _batch_output, self, u0, mask, axis=axis, batch=x.shape[0],
+            buckets=PowerOfTwoBuckets(), cut=lambda u, n: take_rows(u, n, axis),
+        )  # fmt: skip
 
     def trajectory(
         self, u0: Float[Array, "tokens features"], mask: Bool[Array, " tokens"] | None = None
@@ -670,8 +704,40 @@ class TransformerIDE(AbstractEquation):
             )
         u0 = as_array("u0", u0)
         self.check_state(u0, "u0")
-        ts = np.asarray(self.controls.layer_times())
         mask = None if mask is None else key_mask(mask, np.shape(u0)[0])
-        sol = solve(self, u0, saveat=diffrax.SaveAt(ts=ts), args=mask)
-        assert sol.ys is not None
-        return sol.ys.astype(u0.dtype)
+        if has_tracer(self, u0, mask):
+            return _trajectory(self, u0, mask)
+        return run_on_tokens(
+            _trajectory, self, u0, mask, axis=-2, batch=None, buckets=PowerOfTwoBuckets(),
+            cut=lambda u, n: take_rows(u, n, -2),
+        )  # fmt: skip
+
+
+def _output(model: TransformerIDE, u0, mask):
+    """`model(u0, mask)`: the solve and the output map, one program."""
+    sol = solve(model, u0, args=mask)
+    assert sol.ys is not None
+    return model.output(sol.ys[-1]).astype(u0.dtype)
+
+
+def _batch_output(model: TransformerIDE, u0, mask):
+    """`model.batch(u0, mask)`: one solve over the batch and the output map, one program."""
+    x = jnp.moveaxis(u0, model.batch_axis, 0)
+    sol = solve(model, x, batched=True, args=mask)
+    assert sol.ys is not None
+    u = jax.vmap(model.output)(sol.ys[-1])
+    return jnp.moveaxis(u.astype(u0.dtype), 0, model.batch_axis)
+
+
+def _trajectory(model: TransformerIDE, u0, mask):
+    """`model.trajectory(u0, mask)`: the solve saved at every layer boundary, one program."""
+    ts = np.asarray(model.controls.layer_times())
+    sol = solve(model, u0, saveat=diffrax.SaveAt(ts=ts), args=mask)
+    assert sol.ys is not None
+    return sol.ys.astype(u0.dtype)
+
+
+def _moved(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """`shape` with `axis` moved to the front."""
+    shape = tuple(shape)
+    return (shape[axis], *shape[:axis], *shape[axis + 1 :])

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._buckets import PowerOfTwoBuckets
 from ._equation import TransformerIDE
 from ._kv_cache import (
     NotCacheableError,
@@ -111,16 +112,23 @@ class AbstractDecoder(eqx.Module):
 
 
 # ------------------------------------------------------------------ buckets
+#: The window buckets: `MIN_BUCKET` and its doublings (the buckets of an eager solve's
+#: tokens too, from another smallest one).
+WINDOWS = PowerOfTwoBuckets(MIN_BUCKET)
+#: The batch buckets: the powers of two.
+ROWS = PowerOfTwoBuckets(1)
+
+
 def bucket(n: int, limit: int | None = None) -> int:
-    """The smallest power of two >= `n` and >= `MIN_BUCKET`, at most `limit` (then
-    `limit` itself, which holds `n`)."""
-    b = max(MIN_BUCKET, 1 << max(0, int(n) - 1).bit_length())
+    """The window bucket of `n` tokens ([`PowerOfTwoBuckets`][itde.PowerOfTwoBuckets] from
+    `MIN_BUCKET`), at most `limit` (then `limit` itself, which holds `n`)."""
+    b = WINDOWS.size(n)
     return b if limit is None or b <= limit else int(limit)
 
 
 def row_bucket(rows: int) -> int:
     """The batch bucket of `rows` prompts: the smallest power of two >= `rows`."""
-    return 1 << max(0, int(rows) - 1).bit_length()
+    return ROWS.size(rows)
 
 
 def paddable(eq: TransformerIDE, *lengths: int) -> bool:

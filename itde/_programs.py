@@ -257,9 +257,12 @@ def _run(program: _Program, arrays: list):
 _background = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="itde-compile")
 
-#: The library's program cache: generation, solves and analyses over many shapes run
-#: through it (`itde.programs.capacity = 64` to hold more; `itde.programs.clear()`).
 programs = ProgramCache()
+"""The library's [`ProgramCache`][itde.ProgramCache]: generation, eager solves and the
+studies and analyses over many shapes run through it. `itde.programs.capacity = 64`
+holds more programs (the environment variable `ITDE_PROGRAM_CACHE` sets the capacity at
+start-up); `itde.programs.clear()` frees them all; `itde.programs.compiled` counts what
+it compiled."""
 
 
 # ------------------------------------------------------------------ counting compilations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import diffrax
 import equinox as eqx
@@ -20,8 +21,11 @@ from itde_solvers import (
 )
 
 from ._abstract import AbstractEquation
+from ._buckets import AbstractTokenBuckets, PowerOfTwoBuckets, check_buckets
 from ._checks import as_array, check_bool, check_float, check_int, warn_at_caller
 from ._controls import PiecewiseConstant
+from ._host import to_device
+from ._token_padding import cut_leaves, has_tracer, run_on_tokens
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
 
@@ -102,6 +106,7 @@ def solve(
     batched: bool = False,
     throw: bool = True,
     args=None,
+    buckets: AbstractTokenBuckets | None = PowerOfTwoBuckets(),
 ) -> diffrax.Solution:
     r"""Solve the Transformer IDE from the initial state `u0` and return diffrax's `Solution`.
 
@@ -164,6 +169,22 @@ def solve(
     - `args`: per-sequence data handed to the vector fields, as diffrax's `args`: for a
       `TransformerIDE`, the key mask (`[tokens]` booleans, False on padding; `[batch,
       tokens]` with `batched=True`), or None.
+    - `buckets`: how an eager solve at a new token count reuses a compiled program: the
+      bucket policy ([`PowerOfTwoBuckets()`][itde.PowerOfTwoBuckets], the default, or
+      [`BlockBuckets(block)`][itde.BlockBuckets]), or None for none (see below).
+
+    **Compiled programs.** An eager call runs as one program held in the bounded cache
+    [`itde.programs`][itde.programs] (its checks and its output's checks included: nothing
+    else compiles per shape). Where the discretisation allows it, the state of $N$ tokens
+    is padded to its bucket $B \ge N$ with masked tokens and the token rule's nodes and
+    weights are data of length $B$ (padded nodes of weight zero): one program serves every
+    $N$ of the bucket and the result is the $N$-token solve's to round-off. A sliding
+    `window`, a `DiscreteBias`, a token domain of fixed count (`TensorGrid2D`), a
+    `SplitTerm` given as `terms`, an adaptive `stepsize_controller`, and `saveat` with
+    dense output, solver or controller state or an `fn` solve at $N$ itself (one program
+    per $N$, still held in the bounded cache); the table in `itde/_token_padding.py` says
+    why for each. Called under a trace (`jax.jit`, `grad`, `vmap`), the solve is part of
+    the caller's program and nothing is padded.
 
     **Checks at run time.** A NaN or infinite `u0`, and a state that overflows during the
     solve, raise with a message that says which (`equinox.error_if`). Under
@@ -178,6 +199,8 @@ def solve(
         model, u0, t1, solver, dt0, max_steps, batched, saveat, adjoint, stepsize_controller,
         progress_meter,
     )  # fmt: skip
+    throw = check_bool("throw", throw)
+    buckets = check_buckets(buckets)
     saveat = diffrax.SaveAt(t1=True) if saveat is None else saveat
     default_adjoint = adjoint is None
     adjoint = diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint
@@ -188,10 +211,9 @@ def solve(
         elif isinstance(adjoint, diffrax.ForwardMode):
             solver = solver.with_scan_kind("lax")
     kind = terms_kind(solver) if terms is None else terms
-    terms, u0 = _choose_terms(model, u0, kind, batched, t0)
     tdtype = _time_dtype(u0)
-    controller, first_dt, steps, checkpoints, u0 = _step_grid(
-        model.controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype
+    controller, first_dt, steps, checkpoints, divides = _step_grid(
+        model.controls, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype
     )
     if kind == "paper":
         _warn_if_not_a_refinement(model, dt0, stepsize_controller)
@@ -201,30 +223,92 @@ def solve(
         # a fixed number of steps: keep every step's state (memory n_steps states, no
         # binomial recomputation of the forward)
         adjoint = diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
+    plan = _Plan(
+        t0, t1, solver, kind, saveat, controller, first_dt, steps, adjoint, progress_meter,
+        batched, throw, divides,
+    )  # fmt: skip
+    if has_tracer(model, u0, args, plan):
+        return _solve_planned(model, u0, args, plan)  # part of the caller's program
+    return run_on_tokens(
+        _solve_planned, model, u0, args, plan, axis=-2,
+        batch=u0.shape[0] if batched else None, buckets=buckets,
+        cut=lambda sol, n: eqx.tree_at(lambda s: s.ys, sol, cut_leaves(sol.ys, n, -2)),
+        pad=_pads(kind, stepsize_controller, saveat),
+    )  # fmt: skip
+
+
+class _Plan(NamedTuple):
+    """A checked solve's options (what `solve` decided before running it): arrays in
+    them are the program's inputs, everything else is part of the program."""
+
+    t0: float
+    t1: float
+    solver: diffrax.AbstractSolver
+    kind: str | SplitTerm
+    saveat: diffrax.SaveAt
+    controller: diffrax.AbstractStepSizeController
+    first_dt: object
+    steps: int
+    adjoint: diffrax.AbstractAdjoint
+    progress_meter: diffrax.AbstractProgressMeter | None
+    batched: bool
+    throw: bool
+    divides: bool
+
+
+_SAVE_STATE = diffrax.SubSaveAt(t1=True).fn  # diffrax's default `fn`: the state itself
+
+
+def _pads(kind, stepsize_controller, saveat) -> bool:
+    """Whether a solve with these options computes its real tokens alone, so that it may
+    run padded: the model's own sub-flows (a kind, not a user's `SplitTerm`), fixed steps
+    (an adaptive controller's error norm would count the padded tokens) and the state
+    saved as it is (no dense output, solver or controller state, or `fn` of it)."""
+    fixed = stepsize_controller is None or isinstance(
+        stepsize_controller, (diffrax.StepTo, diffrax.ConstantStepSize)
+    )
+    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    plain = not (saveat.dense or saveat.solver_state or saveat.controller_state) and all(
+        sub.fn is _SAVE_STATE for sub in subs
+    )
+    return isinstance(kind, str) and fixed and plain
+
+
+def _solve_planned(model, u0, args, plan: _Plan) -> diffrax.Solution:
+    """The solve itself, from checked options: one program (see `itde.programs`)."""
+    terms, u0 = _choose_terms(model, u0, plan.kind, plan.batched, plan.t0)
+    tdtype = _time_dtype(u0)
+    if plan.divides:  # a traced dt0 with constant steps: checked on the state at run time
+        r = model.controls.layer_length / plan.first_dt  # type: ignore[attr-defined]
+        u0 = _error_if(
+            u0,
+            jnp.abs(r - jnp.round(r)) > 1e-6 * r,
+            "itde.solve: `dt0` does not divide the layers' depth length, so constant "
+            "steps would straddle layer boundaries; use a dt0 that divides it.",
+        )
     u0 = _error_if(
         u0,
         ~jnp.all(jnp.isfinite(u0)),
         "itde.solve: the initial state `u0` has a NaN or infinite entry; check the "
         "embedding or the data that produced it.",
     )
-    kwargs = {} if progress_meter is None else {"progress_meter": progress_meter}
-    throw = check_bool("throw", throw)
+    kwargs = {} if plan.progress_meter is None else {"progress_meter": plan.progress_meter}
     sol = diffrax.diffeqsolve(
         terms,
-        solver,
-        t0=jnp.asarray(t0, tdtype),
-        t1=jnp.asarray(t1, tdtype),
-        dt0=None if first_dt is None else jnp.asarray(first_dt, tdtype),
+        plan.solver,
+        t0=jnp.asarray(plan.t0, tdtype),
+        t1=jnp.asarray(plan.t1, tdtype),
+        dt0=None if plan.first_dt is None else jnp.asarray(plan.first_dt, tdtype),
         y0=u0,
-        saveat=saveat,
-        stepsize_controller=controller,
-        adjoint=adjoint,
-        max_steps=steps,
+        saveat=plan.saveat,
+        stepsize_controller=plan.controller,
+        adjoint=plan.adjoint,
+        max_steps=plan.steps,
         throw=False,  # diffrax's check passes the whole solution through it: see _error_if
         args=args,
         **kwargs,
     )
-    if not throw:
+    if not plan.throw:
         return sol
     failed = ~diffrax.is_okay(sol.result)
     if not isinstance(sol.ys, jax.Array):
@@ -518,24 +602,18 @@ def _check_batched_terms(terms: SplitTerm, u0, t0) -> None:
             )
 
 
-def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype):
+def _step_grid(controls, t0, t1, dt0, stepsize_controller, max_steps, adjoint, tdtype):
     """The step-size controller, first step and step budget of a solve, such that no step
     straddles a jump of the controls. Returns `(controller, first_dt, max_steps,
-    checkpoints, u0)`: `checkpoints` is the exact step count of a fixed-step grid (None
-    for adaptive steps); `u0` may carry a run-time check of a traced `dt0`."""
+    checkpoints, divides)`: `checkpoints` is the exact step count of a fixed-step grid
+    (None for adaptive steps); `divides`: a traced `dt0` of constant steps, to be checked
+    on the state at run time (it must divide the layers)."""
     traced_dt0 = isinstance(dt0, jax.core.Tracer)
     jumps = tuple(t for t in controls.jump_times() if t0 < t < t1)
     if stepsize_controller is not None:
         controller = _respect_jumps(stepsize_controller, controls, jumps, dt0, tdtype)
-        if jumps and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize):
-            r = controls.layer_length / dt0  # type: ignore[attr-defined]
-            u0 = _error_if(
-                u0,
-                jnp.abs(r - jnp.round(r)) > 1e-6 * r,
-                "itde.solve: `dt0` does not divide the layers' depth length, so constant "
-                "steps would straddle layer boundaries; use a dt0 that divides it.",
-            )
-        return controller, dt0, 4096 if max_steps is None else max_steps, None, u0
+        divides = bool(jumps) and traced_dt0 and isinstance(controller, diffrax.ConstantStepSize)
+        return controller, dt0, 4096 if max_steps is None else max_steps, None, divides
     if traced_dt0:
         raise TypeError(
             "a traced `dt0` needs `stepsize_controller=diffrax.ConstantStepSize()` (the "
@@ -549,8 +627,10 @@ def _step_grid(controls, u0, t0, t1, dt0, stepsize_controller, max_steps, adjoin
         # its backward solve reuses the controller in reverse, which StepTo forbids
         if jumps:
             _check_constant_steps(controls, dt, "BacksolveAdjoint takes constant steps")
-        return diffrax.ConstantStepSize(), dt, steps + 1, steps + 1, u0  # +1: a sliver at t1
-    return diffrax.StepTo(ts=jnp.asarray(ts, dtype=tdtype)), None, steps, steps, u0
+        return diffrax.ConstantStepSize(), dt, steps + 1, steps + 1, False  # +1: a sliver at t1
+    # the grid goes to the device from the host (`jnp.asarray` would compile a conversion
+    # per grid length)
+    return diffrax.StepTo(ts=to_device(ts.astype(tdtype))), None, steps, steps, False
 
 
 def _check_constant_steps(controls, dt0: float, why: str) -> None:

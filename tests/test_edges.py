@@ -198,9 +198,8 @@ def test_adaptive_controller_gets_the_layer_boundaries_in_the_time_dtype():
     from itde._solve import _step_grid
 
     m = itde.TransformerIDE.init(jax.random.key(0), n_layers=3, n_features=4, n_heads=1)
-    x = jnp.zeros((3, 4), jnp.float32)
     pid = diffrax.PIDController(rtol=1e-3, atol=1e-3)
     for tdtype in (jnp.float32, jnp.float64):
-        ctrl = _step_grid(m.controls, x, 0.0, 3.0, 1.0, pid, None, None, tdtype)[0]
+        ctrl = _step_grid(m.controls, 0.0, 3.0, 1.0, pid, None, None, tdtype)[0]
         assert isinstance(ctrl, diffrax.ClipStepSizeController)
         assert ctrl.jump_ts.dtype == tdtype and list(ctrl.jump_ts) == [1.0, 2.0]

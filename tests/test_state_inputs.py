@@ -46,7 +46,9 @@ def test_vmap_over_an_empty_batch_is_an_empty_batch(model):
     big = jnp.full((1, 5, D), 1e200)  # (the shape of the batch below: one compilation)
     with pytest.raises(Exception, match=r"itde.solve: the state overflowed .*`u0` is finite"):
         jax.block_until_ready(jax.vmap(m)(big))
-    np.testing.assert_array_equal(np.asarray(jax.vmap(m)(jnp.asarray(x)[None]))[0], want)
+    # `want` is an eager call, padded to its bucket (8 tokens): the same to round-off
+    np.testing.assert_allclose(np.asarray(jax.vmap(m)(jnp.asarray(x)[None]))[0], want,
+                               rtol=1e-13, atol=1e-14)  # fmt: skip
 
 
 def test_a_feature_affine_of_the_wrong_width_is_named(model):

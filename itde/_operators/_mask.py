@@ -19,14 +19,15 @@ def key_mask(mask, n_tokens: int, name: str = "mask"):
             f"`{name}` is a torch tensor; convert it first: "
             f"`jnp.asarray({name}.detach().cpu().numpy())`."
         )
-    mask = jnp.asarray(mask)
+    if not hasattr(mask, "shape"):
+        mask = np.asarray(mask)  # a list of 0/1 or booleans
     if mask.shape[-1:] != (n_tokens,):
         raise ValueError(
             f"`{name}` must have one entry per token, shape [..., {n_tokens}] for a sequence of "
             f"{n_tokens} tokens, got shape {mask.shape}."
         )
     if mask.dtype == jnp.bool_:
-        return mask
+        return _on_device(mask)
     if not jnp.issubdtype(mask.dtype, jnp.integer):
         raise TypeError(
             f"`{name}` must be boolean (True on real tokens, False on padding) or integer "
@@ -40,4 +41,14 @@ def key_mask(mask, n_tokens: int, name: str = "mask"):
             raise ValueError(
                 f"`{name}` must hold only 0 and 1 (1 on real tokens), got other values."
             )
+        return _on_device(host != 0)
     return mask != 0
+
+
+def _on_device(mask):
+    """A concrete mask as a JAX array, moved from the host by `jax.device_put` (a
+    conversion with `jnp` compiles a small program per shape); a JAX array or a tracer as
+    it is."""
+    if isinstance(mask, jax.Array | jax.core.Tracer):
+        return mask
+    return jax.device_put(np.asarray(mask))

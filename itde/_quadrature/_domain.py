@@ -78,3 +78,15 @@ class AbstractTokenDomain(eqx.Module):
         nodes $x_p \le x_i$ (first order in the tokens). This default is `None`; 1-D
         rules override it (see [`AbstractQuadrature.causal_weights`][itde.AbstractQuadrature])."""
         return None
+
+    def padded(self, n_tokens: int, n_padded: int, *, causal: bool = False):
+        r"""This domain at `n_tokens` tokens as data on `n_padded` >= `n_tokens` nodes (a
+        [`PaddedTokens`][itde.PaddedTokens]: the nodes and weights are arrays, padded with
+        weight zero), so that one compiled program serves every token count up to
+        `n_padded`; `causal`: with the partial-interval (Volterra) weights of causal
+        attention. `None` where the domain's structure depends on the token count beyond
+        its nodes and weights: then a solve runs unpadded, one program per count. This
+        default is `None` (a domain with a fixed count, e.g.
+        [`TensorGrid2D`][itde.TensorGrid2D], or any other domain); 1-D rules override it
+        (see [`AbstractQuadrature.padded`][itde.AbstractQuadrature.padded])."""
+        return None

@@ -16,6 +16,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._domain import AbstractTokenDomain, check_weights
+from ._padded import PaddedTokens, check_padded
 from ._volterra import volterra_weights
 
 
@@ -115,6 +116,30 @@ class AbstractQuadrature(AbstractTokenDomain):
         if self.is_unit(n):
             return None
         return volterra_weights(self, n)
+
+    def padded(self, n_tokens: int, n_padded: int, *, causal: bool = False):
+        r"""The rule at `n_tokens` nodes as data on `n_padded` >= `n_tokens` nodes: a
+        [`PaddedTokens`][itde.PaddedTokens] holding the rule's nodes and weights (then
+        padded nodes of weight zero), its log-weights unless its weights are uniform
+        ([`uniform_weights`][itde.AbstractQuadrature.uniform_weights]) and, with `causal`,
+        its partial-interval weights padded
+        ([`AbstractVolterraWeights.padded`][itde.AbstractVolterraWeights.padded]) unless
+        it is the unit grid ([`is_unit`][itde.AbstractQuadrature.is_unit]). `None` where
+        the Volterra weights at `n_tokens` have a structure of their own (Gregory's rule
+        below 4 nodes). Raises as
+        [`nodes_weights`][itde.AbstractQuadrature.nodes_weights] does for a count the rule
+        refuses (e.g. an even count for `Simpson`)."""
+        n = self._check_n(n_tokens)
+        n_padded = check_padded(n, n_padded)
+        x, w = self.nodes_weights(n)
+        volterra = None
+        if causal:
+            cw = self.causal_weights(n)
+            if cw is not None:
+                volterra = cw.padded(n_padded)
+                if volterra is None:
+                    return None
+        return PaddedTokens.from_rule(x, w, self.uniform_weights(n), volterra, n_padded)
 
     def uniform_weights(self, n: int) -> bool:
         """True when the rule's `n` weights are all equal, by construction of the rule (its

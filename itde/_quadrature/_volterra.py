@@ -43,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._host import to_device
+
 
 class AbstractVolterraWeights(eqx.Module):
     r"""Per-query weights $W_{ip}$ for $\int_a^{x_i}$ on the $N$ nodes of a rule.
@@ -74,16 +76,33 @@ class AbstractVolterraWeights(eqx.Module):
         i = jnp.arange(self.n)
         return np.asarray(self(i, i), dtype=np.float64)
 
+    def padded(self, n_padded: int) -> AbstractVolterraWeights | None:
+        """These weights on `n_padded` >= `n` nodes, with everything that depends on `n`
+        held as data (so that one compiled program serves every `n` up to `n_padded`): the
+        rows and columns of the first `n` nodes are these, and no row `i < n` reads a node
+        past `n - 1` (its weight there is 0). `None` where the structure itself depends on
+        `n` (then a solve runs unpadded). This default is `None`."""
+        return None
+
 
 class _Equispaced(AbstractVolterraWeights):
-    """Weights $h\\,c(i, p)$ on equispaced nodes, with $c$ a formula in the indices."""
+    """Weights $h\\,c(i, p)$ on equispaced nodes, with $c$ a formula in the indices that
+    does not depend on $N$ (so row $i$ is the same on any number of nodes past $i$)."""
 
-    h: float = eqx.field(static=True)
+    h: float | Float[Array, ""]
 
     def __call__(self, query_index, key_index):
         i = jnp.asarray(query_index)[:, None]
         p = jnp.asarray(key_index)[None, :]
         return self.h * self._c(i, p)
+
+    def padded(self, n_padded: int) -> AbstractVolterraWeights | None:
+        """The same formula on `n_padded` nodes, the spacing `h` as data (an array): rows
+        `i < n` are unchanged and read no node past `i` (strictly causal) or past the
+        rule's own start rows."""
+        if n_padded < self.n:
+            raise ValueError(f"`n_padded`={n_padded} is below the rule's {self.n} nodes.")
+        return type(self)(n=int(n_padded), h=to_device(np.float64(self.h)))
 
 
 class MidpointVolterra(_Equispaced):
@@ -150,6 +169,11 @@ class GregoryVolterra(_Equispaced):
     strict: ClassVar[bool] = False
     order: ClassVar[float] = 4.0
 
+    def padded(self, n_padded: int) -> AbstractVolterraWeights | None:
+        """As for every equispaced rule, except below 4 nodes: there row 1 is another rule
+        (the quadratic through 3 nodes), so `None` (unpadded)."""
+        return None if self.n < 4 else super().padded(n_padded)
+
     def _c(self, i, p):
         start = np.array(_GREGORY_START)
         if self.n < 4:
@@ -182,6 +206,15 @@ class SpectralVolterra(AbstractVolterraWeights):
 
     def __call__(self, query_index, key_index):
         return self.weights[jnp.asarray(query_index)[:, None], jnp.asarray(key_index)[None, :]]
+
+    def padded(self, n_padded: int) -> AbstractVolterraWeights | None:
+        """The matrix zero-padded to `[n_padded, n_padded]` (on the host: no program per
+        `n`)."""
+        if n_padded < self.n:
+            raise ValueError(f"`n_padded`={n_padded} is below the rule's {self.n} nodes.")
+        w = np.zeros((n_padded, n_padded))
+        w[: self.n, : self.n] = np.asarray(self.weights, np.float64)
+        return SpectralVolterra(n=int(n_padded), weights=to_device(w))
 
 
 def legendre_integration_matrix(n: int) -> np.ndarray:

@@ -26,10 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._buckets import PowerOfTwoBuckets
 from .._checks import check_int
 from .._controls import PiecewiseConstant
 from .._operators._mask import key_mask
 from .._solve import solve
+from .._token_padding import has_tracer, run_on_tokens, take_rows
 from ._common import equation_of
 from ._flow import FlowMap
 from ._geometry import geometry_along
@@ -320,11 +322,21 @@ def _stream(progress):
     return progress
 
 
-@eqx.filter_jit
 def _solve_all(eq, u0, mask, save, fixed):
-    """The states at the report's depths, `[inputs, depths, tokens, features]` (one
-    compilation per model structure and shape, shared by every report)."""
+    """The states at the report's depths, `[inputs, depths, tokens, features]`: one program
+    of `itde.programs` per model structure and bucket of token counts (padded as an eager
+    `itde.solve` is, where the model and `terms` allow it), shared by every report."""
+    if has_tracer(eq, u0, mask, save, fixed):
+        return _solve_all_program(eq, u0, mask, save, fixed)
+    terms = fixed["terms"]
+    return run_on_tokens(
+        _solve_all_program, eq, u0, mask, save, fixed, axis=-2, batch=int(u0.shape[0]),
+        buckets=PowerOfTwoBuckets(), cut=lambda ys, n: take_rows(ys, n, -2),
+        pad=terms is None or isinstance(terms, str),
+    )  # fmt: skip
 
+
+def _solve_all_program(eq, u0, mask, save, fixed):
     def one(u, m):
         ys = solve(eq, u, saveat=save, args=m, **fixed).ys
         assert ys is not None

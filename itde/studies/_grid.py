@@ -25,6 +25,14 @@ reference is computed by a different method: for every rule but Gauss–Legendre
 integration on `reference_nodes` Gauss–Legendre nodes; for the Gauss–Legendre row, the
 fourth-order Gregory rule on 1025 and 2049 equispaced nodes, Richardson-extrapolated. The
 two references agree to the figure stored as `causal_reference_gap`.
+
+**Compiled programs.** The `tokens` grids are solved by eager model calls: each count is
+padded to its bucket (see [`itde.solve`][itde.solve]), so every count of a bucket, and
+every rule of the same structure (the non-causal rules whose weights are not uniform, for
+one), share a program. The `features` and `all` grids change the model's width, which is
+its structure: one program per grid. Every program is held by `itde.programs` (bounded,
+freed when evicted). The initial states are sampled by eager operations (a few small
+programs per new count).
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ import time
 import diffrax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import itde_solvers as solvers
 
 from .._config import ConvergeExperiment
 from .._controls import LegendreControls, PiecewiseConstant, stack
 from .._equation import TransformerIDE
+from .._programs import programs
 from .._quadrature._rules import RULES, GaussLegendre, Grid, Simpson
 from .._quadrature._volterra import volterra_weights
 from .._registry import SCHEMES
@@ -118,24 +128,20 @@ class GridProblem:
         self.periodic = periodic
 
     def g(self, x, y):
-        tx = jnp.cos(2 * jnp.pi * x) if self.periodic == "tokens" else jnp.cos(2 * x) + x
-        ty = jnp.sin(2 * jnp.pi * y) if self.periodic == "features" else jnp.sin(3 * y) + y * y
+        """The functional's weight $g(x, y)$ on node arrays (NumPy: computed on the host)."""
+        tx = np.cos(2 * np.pi * x) if self.periodic == "tokens" else np.cos(2 * x) + x
+        ty = np.sin(2 * np.pi * y) if self.periodic == "features" else np.sin(3 * y) + y * y
         return tx[:, None] * ty[None, :] + 0.5 * ty[None, :]
 
     def functional(self, grid: Grid, n_tokens: int, solve_fn) -> float:
+        """$J$ of the solution `solve_fn(model, u0)` on `grid`, summed on the host in float64
+        (a sum on the device would compile a program per token count)."""
         model = TransformerIDE(self.controls, grid, causal=self.causal)
         u0 = self.f.sample_grid(grid, n_tokens)
-        u = solve_fn(model, u0)
+        u = np.asarray(solve_fn(model, u0), np.float64)
         x, w = grid.tokens.nodes_weights(n_tokens)
         y, v = grid.features.nodes_weights(grid.n_features)
-        return float(
-            jnp.sum(
-                jnp.asarray(w)[:, None]
-                * jnp.asarray(v)[None, :]
-                * self.g(jnp.asarray(x), jnp.asarray(y))
-                * u
-            )
-        )
+        return float(np.sum(w[:, None] * v[None, :] * self.g(x, y) * u))
 
 
 def _grid(axis: str, rule, n: int) -> tuple[Grid, int]:
@@ -149,6 +155,12 @@ def _grid(axis: str, rule, n: int) -> tuple[Grid, int]:
 
 def _lie_dt1(model, u0):
     return model(u0)
+
+
+def _compiled(fn):
+    """`fn(model, u0)` run by a program of `itde.programs` (bounded, freed when evicted; a
+    `jax.jit` here would keep every program for the rest of the process)."""
+    return lambda model, u0: programs(fn, model, u0)
 
 
 def _row(name, label, ns, errors, expected, kind="n") -> dict:
@@ -243,7 +255,7 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
                         + (", projected Dopri8" if ref_fn else ""))  # fmt: skip
                 with stage_line(desc, what, enabled=progress):
                     references[ref_key] = problem.functional(
-                        grid, nt, jax.jit(ref_fn) if ref_fn else jax.jit(_lie_dt1)
+                        grid, nt, _compiled(ref_fn if ref_fn else _lie_dt1)
                     )
             ref = references[ref_key]
         bar.update()
@@ -252,8 +264,15 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
             n = _nodes_for(rule_name, n0)
             rule = RULES[rule_name](interval=(0.0, 1.0))
             grid, nt = _grid(axis, rule, n)
-            fn = (lambda m, u, n=n, f=solve_fn: f(m, u, n)) if solve_fn else _lie_dt1
-            errors.append(abs(problem.functional(grid, nt, jax.jit(fn)) - ref))
+            if axis == "tokens":
+                # an eager call: padded to its bucket, one program for every token count
+                # of the bucket and every rule with the same structure (see itde.solve)
+                fn = _lie_dt1
+            elif solve_fn is not None:
+                fn = _compiled(lambda m, u, n=n, f=solve_fn: f(m, u, n))
+            else:  # the feature count is the model's structure: a program per count
+                fn = _compiled(_lie_dt1)
+            errors.append(abs(problem.functional(grid, nt, fn) - ref))
             ns.append(n)
             bar.set_postfix(row=name)
             bar.update()
@@ -288,7 +307,7 @@ def _causal_reference(problem: GridProblem, method: str, reference_nodes: int) -
     """$J$ of the causal problem by `method`: `"spectral"` (causal Gauss-Legendre on
     `reference_nodes` nodes) or `"gregory"` (Gregory's rule on the nodes of
     `GREGORY_REFERENCE_NODES`, Richardson-extrapolated for its order 4)."""
-    fn = jax.jit(_lie_dt1)
+    fn = _compiled(_lie_dt1)
     if method == "spectral":
         return problem.functional(*_grid("tokens", _gl(), reference_nodes), fn)
     coarse, fine = (
