@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         BlockBuckets,
         PowerOfTwoBuckets,
     )
+    from ._compilation_cache import (  # noqa: F401
+        enable_compilation_cache,
+    )
     from ._config import (  # noqa: F401
         ConfigError,
     )
@@ -210,6 +213,7 @@ _EXPORTS = {
     "AbstractControls": "._controls",
     "AbstractEquation": "._abstract",
     "ConfigError": "._config",
+    "enable_compilation_cache": "._compilation_cache",
     "FFN_FORMS": "._registry",
     "SCHEMES": "._registry",
     "Scheme": "._registry",
@@ -333,6 +337,7 @@ __all__ = [
     "AbstractControls",
     "AbstractEquation",
     "ConfigError",
+    "enable_compilation_cache",
     "FFN_FORMS",
     "SCHEMES",
     "Scheme",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,22 @@ def write_json(path: str | Path, obj) -> Path:
     """Write `obj` as indented JSON, atomically."""
     data = json.dumps(obj, indent=2).encode()
     return atomic_write(path, lambda f: f.write(data))
+
+
+def user_cache_dir() -> Path:
+    """itde's per-user cache directory: `$ITDE_CACHE_DIR` if set, else the platform's
+    (`$XDG_CACHE_HOME/itde` or `~/.cache/itde` on Linux, `~/Library/Caches/itde` on
+    macOS, `%LOCALAPPDATA%\\itde\\Cache` on Windows). Not created here."""
+    if root := os.environ.get("ITDE_CACHE_DIR"):
+        return Path(root).expanduser()
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local",
+                    "itde", "Cache")  # fmt: skip
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "itde"
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    # the XDG specification: a relative path is invalid, and is ignored
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "itde"
 
 
 def check_output_dir(path: str | Path, name: str = "--out") -> Path:

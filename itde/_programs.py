@@ -28,7 +28,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
+from jax.extend.core import get_opaque_trace_state
 
 #: The environment variable that sets the capacity of the library's program cache.
 CAPACITY_VARIABLE = "ITDE_PROGRAM_CACHE"
@@ -205,13 +208,48 @@ class ProgramCache:
 
 
 class _Program:
-    """A compiled program and the static part of its output."""
+    """A compiled program, the static part of its output and the messages of the checks
+    it returns as flags (see [`check`][itde._programs.check])."""
 
-    __slots__ = ("compiled", "out_static")
+    __slots__ = ("compiled", "out_static", "messages")
 
-    def __init__(self, compiled, out_static):
+    def __init__(self, compiled, out_static, messages):
         self.compiled = compiled
         self.out_static = out_static
+        self.messages = messages
+
+
+# ------------------------------------------------------------------ checks as data
+_sink = threading.local()
+
+
+def _top_level() -> list | None:
+    """The flags of the program being traced in this thread, where the caller is at its
+    top level (not inside a loop, a branch or a map of it); else None."""
+    state = getattr(_sink, "state", None)
+    if state is None or get_opaque_trace_state(convention="flax") != state[0]:
+        return None
+    return state[1]
+
+
+def check(x, pred, message: str):
+    """`x`, failing with `message` where `pred` (a boolean array) holds: `eqx.error_if`,
+    except at the top level of a [`ProgramCache`][itde.ProgramCache] program, where the
+    flag is returned with the program's output and raised on the host
+    (`equinox.EquinoxRuntimeError`, the same message) after the program ran. Such a
+    program calls back into Python for no check, so JAX's persistent compilation cache
+    can write it (a program with a callback is compiled again in every process)."""
+    flags = _top_level()
+    if flags is None:
+        return eqx.error_if(x, pred, message)
+    flags.append((jnp.any(pred), message))
+    return x
+
+
+def checks_on_host() -> bool:
+    """Whether [`check`][itde._programs.check] called here returns its flag to the host
+    (the top level of a program being compiled) rather than calling back."""
+    return _top_level() is not None
 
 
 def _compile(fn: Callable, treedef, leaves: list, dynamic: list[bool]) -> _Program:
@@ -225,16 +263,22 @@ def _compile(fn: Callable, treedef, leaves: list, dynamic: list[bool]) -> _Progr
     def program(arrays):
         it = iter(arrays)
         full = [next(it) if d else s for d, s in zip(dynamic, static)]
-        out = fn(*jtu.tree_unflatten(treedef, full))
+        flags: list = []
+        previous = getattr(_sink, "state", None)
+        _sink.state = (get_opaque_trace_state(convention="flax"), flags)
+        try:
+            out = fn(*jtu.tree_unflatten(treedef, full))
+        finally:
+            _sink.state = previous
         arrays_out, static_out = eqx.partition(out, eqx.is_array)
-        out_static.append(static_out)
-        return arrays_out
+        out_static.append((static_out, tuple(m for _, m in flags)))
+        return arrays_out, [f for f, _ in flags]
 
     program.__name__ = getattr(fn, "__name__", "program")
     program.__qualname__ = getattr(fn, "__qualname__", program.__name__)
     arrays = [leaf for leaf, d in zip(leaves, dynamic) if d]
     compiled = jax.jit(program).lower(arrays).compile()
-    return _Program(compiled, out_static[0])
+    return _Program(compiled, *out_static[0])
 
 
 def _run(program: _Program, arrays: list):
@@ -242,7 +286,7 @@ def _run(program: _Program, arrays: list):
     logger = logging.getLogger("jax._src.callback")
     logger.addFilter(hush)
     try:
-        out = program.compiled(arrays)
+        out, flags = program.compiled(arrays)
     except jax.errors.JaxRuntimeError as e:
         text = str(e)
         if _ERROR_MARK not in text:
@@ -251,6 +295,9 @@ def _run(program: _Program, arrays: list):
         raise eqx.EquinoxRuntimeError(message) from None
     finally:
         logger.removeFilter(hush)
+    for flag, message in zip(flags, program.messages, strict=True):
+        if bool(np.asarray(flag)):
+            raise eqx.EquinoxRuntimeError(message)
     return eqx.combine(out, program.out_static)
 
 

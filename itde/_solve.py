@@ -18,6 +18,8 @@ from itde_solvers import (
     Projected,
     ProjectionTerm,
     SplitTerm,
+    result_index,
+    result_messages,
 )
 
 from ._abstract import AbstractEquation
@@ -25,6 +27,7 @@ from ._buckets import AbstractTokenBuckets, PowerOfTwoBuckets, check_buckets
 from ._checks import as_array, check_bool, check_float, check_int, warn_at_caller
 from ._controls import PiecewiseConstant
 from ._host import to_device
+from ._programs import check, checks_on_host
 from ._token_padding import cut_leaves, has_tracer, run_on_tokens
 
 MAX_FIXED_STEPS = 1_000_000  # a larger fixed grid is a mistaken dt0, not a solve
@@ -311,6 +314,17 @@ def _solve_planned(model, u0, args, plan: _Plan) -> diffrax.Solution:
     if not plan.throw:
         return sol
     failed = ~diffrax.is_okay(sol.result)
+    if checks_on_host():
+        # the program returns diffrax's failure as a flag per result, raised on the host
+        # after it ran (no callback: JAX's persistent cache can write the program); the
+        # output's own checks only where the solve succeeded (a failed one holds inf)
+        index = result_index(sol.result)
+        for i, message in enumerate(result_messages()):
+            if i:
+                u0 = check(u0, index == i, message)
+        if not isinstance(sol.ys, jax.Array):
+            return sol
+        return eqx.tree_at(lambda s: s.ys, sol, _check_output(sol.ys, u0, unless=failed))
     if not isinstance(sol.ys, jax.Array):
         return sol.result.error_if(sol, failed)
     ys = sol.ys + sol.result.error_if(jnp.zeros((), sol.ys.dtype), failed)
@@ -337,7 +351,7 @@ def _for_fixed_steps(solver):
     return jax.tree.map(swap, solver, is_leaf=lambda y: type(y) is Projected)
 
 
-def _check_output(ys, u0):
+def _check_output(ys, u0, unless=None):
     """A finite `u0` whose solution is not finite overflowed: say so, and why, instead of
     returning NaN (the input check above covers a non-finite `u0`)."""
     dtype = jnp.dtype(u0.dtype)
@@ -355,6 +369,8 @@ def _check_output(ys, u0):
     # two checks, not one `branched_error_if`: its message index is reduced with a `max`
     # over the batch, which has no value under `jax.vmap` over an empty batch
     bad = ~jnp.all(jnp.isfinite(ys))
+    if unless is not None:  # a failed solve says why itself
+        bad = bad & ~unless
     ys = _error_if(ys, bad & big, messages[0])
     return _error_if(ys, bad & ~big, messages[1])
 
@@ -365,6 +381,8 @@ def _error_if(x, pred, msg):
     Only a scalar goes through equinox's check (a `lax.cond` that XLA places on one
     device), then is added to `x`: passing `x` itself would make a sharded `x` be
     gathered onto that device and scattered back ("involuntary full rematerialization")."""
+    if checks_on_host():  # the top level of an itde.programs program: a flag, no callback
+        return check(x, pred, msg)
     return x + eqx.error_if(jnp.zeros((), x.dtype), pred, msg)
 
 

@@ -18,6 +18,11 @@ import cli_coverage
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The `itde` command keeps JAX's persistent compilation cache in the user's cache directory
+# (`itde._compilation_cache`); the suite writes nothing there and compiles every program
+# afresh, in this process (`itde.cli.main`) and in the subprocesses that copy os.environ.
+# tests/test_compilation_cache.py points it at temporary directories.
+os.environ["ITDE_COMPILATION_CACHE"] = "off"
 
 # XLA's CPU compile flags for the tests. Most of the suite's time is XLA compiling small
 # programs that then run for milliseconds, so the tests compile with LLVM's optimisation

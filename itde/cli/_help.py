@@ -122,3 +122,22 @@ def add_set_option(parser: argparse.ArgumentParser, example: str) -> None:
         "(150, 1e-3, true, '[1, 2]') or else plain text; repeatable, the last wins "
         "(default: none)",
     )  # fmt: skip
+
+
+def add_compilation_cache_options(parser: argparse.ArgumentParser) -> None:
+    """Add `--compilation-cache DIR` and `--no-compilation-cache` (one or the other): where
+    JAX's persistent compilation cache is kept for this run (`itde._compilation_cache`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--compilation-cache", metavar="DIR",
+        help="keep the compiled programs in DIR (created if missing), so that the next "
+        "command that runs them loads them instead of compiling them again (default: the "
+        "environment variable ITDE_COMPILATION_CACHE, a directory or `off`; else jax/ in "
+        "the per-user cache directory, ~/.cache/itde unless XDG_CACHE_HOME or ITDE_CACHE_DIR "
+        "moves it)",
+    )  # fmt: skip
+    group.add_argument(
+        "--no-compilation-cache", action="store_true",
+        help="compile every program afresh and write no compilation cache (as "
+        "ITDE_COMPILATION_CACHE=off)",
+    )  # fmt: skip

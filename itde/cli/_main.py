@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from .. import _config
 from .._io import check_output_dir, write_json
 from ._build import _build_solve
-from ._help import Parser, add_set_option, writes
+from ._help import Parser, add_compilation_cache_options, add_set_option, writes
 
 
 def _out(flag, configured, key):
@@ -278,7 +279,28 @@ def build_parser() -> argparse.ArgumentParser:
     from ._train import add_train_commands
 
     add_train_commands(sub)
+    for command in sub.choices.values():  # every command compiles: each takes the cache's options
+        add_compilation_cache_options(command)
     return parser
+
+
+def _compilation_cache(args):
+    """The directory of JAX's persistent compilation cache for this command, checked, or
+    None (off): `--no-compilation-cache`, `--compilation-cache DIR`, the environment
+    variable, else the per-user default. A default that cannot be used is a note on stderr
+    and the command runs without the cache; a directory the user named is an error."""
+    from .. import _compilation_cache as cc
+
+    if args.no_compilation_cache:
+        return None
+    try:
+        return cc.resolve(args.compilation_cache, "`--compilation-cache`")
+    except ValueError as e:
+        if args.compilation_cache is not None or cc.VARIABLE in os.environ:
+            raise
+        print(f"itde {args.command}: note: running without the compilation cache: {e}",
+              file=sys.stderr)  # fmt: skip
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prefix = f"itde {args.command}: error:"
     try:
-        return args.func(args)
+        from .._compilation_cache import session
+
+        with session(_compilation_cache(args)):
+            return args.func(args)
     except (ValueError, TypeError, OSError) as e:
         # a config key or an argument the user can fix (each message names it, a
         # ConfigError is a ValueError): one line, not a traceback

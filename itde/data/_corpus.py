@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from .._io import atomic_write
+from .._io import atomic_write, user_cache_dir
 from ._tokenizers import (
     HF_TOKENIZER,
     TOKENIZER_KINDS,
@@ -44,9 +44,10 @@ _PACKAGE = "package:"
 
 
 def default_cache_dir() -> pathlib.Path:
-    """`$ITDE_CACHE_DIR/corpora`, else `~/.cache/itde/corpora`."""
-    root = os.environ.get("ITDE_CACHE_DIR") or pathlib.Path.home() / ".cache" / "itde"
-    return pathlib.Path(root) / "corpora"
+    """`corpora/` in itde's per-user cache directory: `$ITDE_CACHE_DIR/corpora`, else
+    `$XDG_CACHE_HOME/itde/corpora` or `~/.cache/itde/corpora` (on Linux; macOS:
+    `~/Library/Caches/itde/corpora`, Windows: `%LOCALAPPDATA%\\itde\\Cache\\corpora`)."""
+    return user_cache_dir() / "corpora"
 
 
 def resolve_text_path(path: str | pathlib.Path) -> pathlib.Path:

@@ -628,8 +628,17 @@ class HFDecoder(AbstractDecoder):
     def max_tokens(self):
         return self.lm.base.max_tokens
 
+    def __check_init__(self):
+        rows = self.lm.base.word_embeddings.shape[0]
+        if self.lm.vocab_size > rows:
+            raise ValueError(
+                f"the head draws from {self.lm.vocab_size} tokens but the embedding table "
+                f"holds {rows}: a drawn token could not be read back; generation needs a "
+                "head no wider than the embeddings."
+            )
+
     def initial(self, window):
-        return self.lm.base.embed(window)
+        return self.lm.base._embed(window)
 
     def states(self, window):
         ys = solve(self.equation, self.initial(window)).ys

@@ -130,6 +130,12 @@ class HFTransformer(eqx.Module):
                 f"{self.source or 'model'} takes (config.max_position_embeddings = {rows}"
                 f"{reserved}); split the sequence."
             )
+        return self._embed(ids, token_type_ids)
+
+    def _embed(self, ids, token_type_ids=None) -> Float[Array, "tokens features"]:
+        """[`embed`][itde.HFTransformer.embed] of ids known to be in range (no check of
+        them, so no callback in the program: the generation engine's windows hold the
+        checked prompt and tokens drawn from the head's vocabulary)."""
         u = self.word_embeddings[ids]
         if self.embedding_scale is not None:
             u = u * jnp.asarray(self.embedding_scale, u.dtype)

@@ -49,6 +49,7 @@ sol = diffrax.diffeqsolve(terms, ReversedLieTrotter(), 0.0, 1.0, 0.01, 1.0)
 """
 
 from ._convergence import error_norm, observed_order
+from ._diffrax_private import result_index, result_messages
 from ._frozen import FrozenTime
 from ._lie import LieTrotter
 from ._parallel import ParallelSplitting
@@ -75,5 +76,7 @@ __all__ = [
     "is_projection",
     "observed_order",
     "resolve_subsolvers",
+    "result_index",
+    "result_messages",
     "split_flows",
 ]

@@ -6,7 +6,12 @@ r"""The two diffrax classes this package needs that diffrax does not re-export.
 - `AdjointTerm`: `diffrax.BacksolveAdjoint` runs its backward (adjoint) solve over the
   terms wrapped in it; `Projected` recognises that solve and runs it unprojected.
 
-Both live in `diffrax._term`, a private module, so they may move in any release. The
+Also the messages of `diffrax.RESULTS` by index and a result's index (equinox's
+`Enumeration` keeps them in `_index_to_message` and `_value`): a program that returns
+its failure as data (so that it calls back into Python for no check) raises the message
+of the result it returned on the host.
+
+The two classes live in `diffrax._term`, a private module, so they may move in any release. The
 pinned range is where this was verified by running the solver tests (diffrax 0.7.0 and
 0.7.2, on JAX 0.10). The sources of 0.6.0 and 0.6.2 define and use both the same way,
 but those releases do not run on JAX 0.10 (they call the removed `jax.core.get_aval`), so
@@ -15,8 +20,20 @@ they were not tested and are not claimed.
 names the pin when they fail. Import them from here only.
 """
 
+import diffrax
 from diffrax._term import AdjointTerm, WrapTerm
 
 KNOWN_DIFFRAX = ">=0.7.2,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
 
-__all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm"]
+
+def result_messages() -> tuple[str, ...]:
+    """The message of each `diffrax.RESULTS` item, by index (index 0: successful, "")."""
+    return tuple(diffrax.RESULTS._index_to_message)
+
+
+def result_index(result):
+    """The index of a `diffrax.RESULTS` item (a traced int32 array inside a program)."""
+    return result._value
+
+
+__all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm", "result_index", "result_messages"]
