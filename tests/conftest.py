@@ -125,3 +125,58 @@ def pytest_sessionfinish(session, exitstatus):
     import gc
 
     gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__name__", "") != "_xla_gc_callback"]
+
+
+# Compiled programs are freed when a worker's memory mappings near Linux's limit. Every
+# program XLA compiles for the CPU holds memory mappings of its own (about a dozen for a small
+# program, some 130 for the forward pass of a converted model), and JAX keeps what it compiles
+# (its caches are bounded in entries, not in memory). A worker of the slow tier compiles
+# thousands of programs: one reached `vm.max_map_count` (65,530) in the sweep of every length
+# in tests/test_property_inputs.py (900 programs, about 119,000 mappings in all) and LLVM's
+# JIT, failing to map the next program, aborted it. So after a test, when the worker holds
+# more mappings than a third of the limit, every compiled program is freed (the library's
+# program cache, JAX's caches): tests share compiled programs across tests and modules until
+# memory demands otherwise, and no test brings a worker near the limit on its own (the
+# largest adds about 7,000). Counting the mappings reads /proc/self/maps (some 30 ms at
+# 20,000), so a worker counts at most once every 2 s of testing; without /proc (not Linux),
+# nothing is freed.
+def _map_count_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65_530
+
+
+_FREE_ABOVE_MAPPINGS = min(20_000, _map_count_limit() // 3)
+_COUNT_EVERY_S = 2.0
+_last_count = [float("-inf")]
+
+
+def _mappings() -> int:
+    """The number of memory mappings of this process (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test and its fixtures' teardown: free every compiled program when the
+    worker's memory mappings are above `_FREE_ABOVE_MAPPINGS`."""
+    import time
+
+    now = time.monotonic()
+    if now - _last_count[0] < _COUNT_EVERY_S:
+        return
+    _last_count[0] = now
+    if _mappings() > _FREE_ABOVE_MAPPINGS:
+        import gc
+
+        import itde
+
+        itde.programs.clear()
+        jax.clear_caches()
+        gc.collect()
