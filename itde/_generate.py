@@ -47,6 +47,7 @@ from ._buckets import PowerOfTwoBuckets
 from ._equation import TransformerIDE
 from ._kv_cache import (
     NotCacheableError,
+    _on_host,
     check_cacheable,
     decode,
     prefill,
@@ -169,7 +170,11 @@ def layers_of(dec: AbstractDecoder):
         held = _layers.get(key)
         if held is not None and held[0]() is model:
             return held[1]
-    layers = programs(split_layers, dec.equation)  # one program, not an eager slice a leaf
+    eq = dec.equation
+    if all(_on_host(a) for a in jax.tree.leaves(eqx.filter(eq, eqx.is_array))):
+        layers = split_layers(eq)  # copied on the host: no program (see split_layers)
+    else:
+        layers = programs(split_layers, eq)  # one program, not an eager slice a leaf
     with _layers_lock:
         _layers[key] = (weakref.ref(model), layers)
     weakref.finalize(model, _forget, key)

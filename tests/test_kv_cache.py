@@ -108,6 +108,20 @@ def _check_cached_equals_uncached(lm, layers, ids, prompt_len, max_length):
         np.testing.assert_allclose(np.stack(dec), ref[prompt_len:], rtol=0, atol=1e-12)
 
 
+def test_layers_split_on_the_host_are_the_slices_and_compile_nothing(models):
+    """On the CPU backend `split_layers` copies each layer's controls in NumPy: no XLA
+    program, and each leaf is exactly the traced split's (a program slicing the stack)."""
+    eq = models["llama"][1].base.equation
+    with itde.count_compilations() as c:
+        host = itde.split_layers(eq)
+    assert c.count == 0 and len(host) == eq.n_layers
+    traced = jax.jit(itde.split_layers)(eq)
+    for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(traced), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [float(x.controls.t0) for x in host] == [float(x.controls.t0) for x in traced]
+
+
 # GPT-2 and Llama (GQA, RoPE) in the default tier; Mistral's window and NeoX's parallel
 # block in the slow one (the default tier's budget)
 @pytest.mark.parametrize(
