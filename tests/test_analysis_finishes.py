@@ -1,46 +1,101 @@
 """`itde.analysis.analyze` and `itde analyze` finish: an iteration short of its tolerance
 is reported (its estimate, residual and `converged: false`), never raised; with enough
 iterations the values are the dense Jacobian's (`jax.jacrev`, as the solve is a custom VJP;
-`jnp.linalg.svd`)."""
+`jnp.linalg.svd`). Also the command on a random model of a solve config (`itde analyze
+--config`), with the exact token exponents and Tong et al.'s.
+
+Compiled programs are shared: the library's model is the random model of the commands'
+config (`_config_problem`, as `itde analyze --config` builds it) and the library calls
+pass the command's depth integrator (Lie, one step per layer), so the commands and the
+library calls of this module compile the solve, the geometry, the spectra and the
+exponents' power iterations once (the library's default integrator is checked in
+test_analysis_report.py). `max_iters` and `rtol` are traced: one iteration and 300 share
+the programs."""
 
 import json
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import itde
-from itde.analysis import analyze
+from itde.analysis import analyze, token_lyapunov_exponents
 from itde.cli import main
+from itde.cli._analyze import _config_problem, _solver
 
-N, D, L = 5, 6, 2  # tokens, features, layers
+N, D, L, B = 5, 6, 2, 2  # tokens, features, layers, inputs (the exponents: the first's)
+
+SOLVE = f"""
+[model]
+n_layers = {L}
+n_features = {D}
+n_heads = 2
+n_hidden = 8
+[solve]
+n_tokens = {N}
+"""
 
 
 @pytest.fixture(scope="module")
-def model():
-    m = itde.TransformerIDE.init(jax.random.key(11), n_layers=L, n_features=D, n_heads=2,
-                                 n_hidden=8)  # fmt: skip
-    u0 = jax.random.normal(jax.random.key(12), (1, N, D), jnp.float64)
+def config(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("solve") / "solve.toml"
+    cfg.write_text(SOLVE)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def model(config):
+    """The random model and inputs of `itde analyze --config` (float64, as the command)."""
+    m, u0, _, (scheme, dt), _ = _config_problem(str(config), B)
+    assert u0.shape == (B, N, D) and u0.dtype == jnp.float64 and (scheme, dt) == ("lie", 1.0)
     return m, u0
 
 
 @pytest.fixture(scope="module")
-def short(model):
-    """One iteration: far from the default tolerance."""
-    m, u0 = model
-    return analyze(m, u0, max_iters=1, block_size=2, token_target="all")["lyapunov"]
+def fixed(model):
+    """The command's depth integrator: Lie, one step per layer (the discrete network)."""
+    return _solver(model[0], "lie", 1.0, "--dt")
 
 
 @pytest.fixture(scope="module")
-def full(model):
+def short(model, fixed):
+    """One iteration: far from the default tolerance."""
     m, u0 = model
-    return analyze(m, u0, max_iters=300, block_size=2, token_target="all")["lyapunov"]
+    return analyze(m, u0, max_iters=1, block_size=2, token_target="all", **fixed)["lyapunov"]
 
 
-def _dense(f, u):
-    return np.asarray(jax.jacrev(f)(u)).reshape(u.size, u.size)
+@pytest.fixture(scope="module")
+def full(model, fixed):
+    m, u0 = model
+    return analyze(m, u0, max_iters=300, block_size=2, token_target="all", **fixed)["lyapunov"]
+
+
+@eqx.filter_jit
+def _jacobian(network, u):
+    """The dense Jacobian of a network's forward pass u(0) -> u(T) (`trajectory`), by
+    `jax.jacrev`, `[u.size, u.size]`."""
+    return jax.jacrev(lambda v: network.trajectory(v)[-1])(u).reshape(u.size, u.size)
+
+
+def _layer(m, n):
+    """Layer n of the network alone, a one-layer network (the same structure for every
+    layer: one compilation serves all)."""
+    values = jax.tree.map(lambda a: a[n : n + 1], m.controls.values)
+    return eqx.tree_at(lambda e: e.controls, m, itde.PiecewiseConstant(values))
+
+
+def layer_jacobians(m, u):
+    """The dense Jacobian of each layer's map u(n) -> u(n+1) at the states of the forward
+    pass from `u`, and of the whole depth by the chain rule (their product)."""
+    states = m.trajectory(u)
+    layers = [np.asarray(_jacobian(_layer(m, n), states[n])) for n in range(len(states) - 1)]
+    whole = np.eye(u.size)
+    for j in layers:
+        whole = j @ whole
+    return layers, whole
 
 
 def test_one_iteration_reports_its_estimate_unconverged(short):
@@ -58,17 +113,15 @@ def test_enough_iterations_converge_to_the_dense_values(model, full):
     assert full["converged"] == [True] * L and full["whole_depth"]["converged"]
     assert full["token_converged"] and full["all_converged"]
     assert max(full["residual"]) <= 1e-6 and max(full["token_residuals"]) <= 1e-6
-    states = m.trajectory(u)
+    layers, whole = layer_jacobians(m, u)
     for n in range(L):  # layer n's map u(n) -> u(n+1)
-        j = _dense(lambda v, n=n: itde.analysis.FlowMap(m, float(n), float(n + 1))(v), states[n])
-        s1 = float(jnp.linalg.svd(j, compute_uv=False)[0])
+        s1 = float(np.linalg.svd(layers[n], compute_uv=False)[0])
         assert full["leading_singular_value"][n] == pytest.approx(s1, rel=1e-9)
-    whole = _dense(lambda v: m.trajectory(v)[-1], u)
-    s1 = float(jnp.linalg.svd(whole, compute_uv=False)[0])
+    s1 = float(np.linalg.svd(whole, compute_uv=False)[0])
     assert full["whole_depth"]["leading_singular_value"] == pytest.approx(s1, rel=1e-9)
     # the token exponents towards the whole output: token i's columns of the whole Jacobian
     cols = whole.reshape(N * D, N, D)
-    want = [np.log(float(jnp.linalg.svd(cols[:, i], compute_uv=False)[0])) / L for i in range(N)]
+    want = [np.log(np.linalg.svd(cols[:, i], compute_uv=False)[0]) / L for i in range(N)]
     np.testing.assert_allclose(full["token_exponents"], want, rtol=1e-9)
 
 
@@ -96,30 +149,43 @@ def test_analyze_refuses_bad_iteration_options(model, kwargs, error, said):
         analyze(m, u0, **kwargs)
 
 
-SOLVE = """
-[model]
-n_layers = 2
-n_features = 6
-n_heads = 2
-n_hidden = 8
-[solve]
-n_tokens = 5
-"""
-
-
 @pytest.mark.runs("analyze --config")
-def test_cli_reports_unconverged_exponents(tmp_path, capsys):
-    cfg = tmp_path / "solve.toml"
-    cfg.write_text(SOLVE)
+def test_cli_reports_unconverged_exponents_and_writes_the_json_and_figure(config, model, tmp_path,
+                                                                        capsys):  # fmt: skip
+    """The command on the random model of a solve config: one iteration, so every exponent
+    is reported unconverged (never raised); the table, the JSON and the figure."""
     out = tmp_path / "an"
-    argv = ["analyze", "--config", str(cfg), "--inputs", "1", "--max-iters", "1",
+    argv = ["analyze", "--config", str(config), "--inputs", str(B), "--max-iters", "1",
             "--block-size", "2", "--rtol", "1e-8", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "not converged within --max-iters" in printed and "whole depth (residual" in printed
-    ly = json.loads((out / "analysis.json").read_text())["lyapunov"]
+    assert "eff.rank" in printed and "random post-LN model" in printed
+    r = json.loads((out / "analysis.json").read_text())
+    assert r["inputs"] == B and r["tokens"] == N and r["source"]["scheme"] == "lie"
+    assert r["depths"] == [0.0, 1.0, 2.0]
+    ly = r["lyapunov"]
     assert ly["converged"] == [False, False] and ly["whole_depth"]["n_iterations"] == 1
     assert all(r > 1e-8 for r in ly["residual"]) and not ly["all_converged"]
+    assert ly["token_exponent"] == "exact" and ly["token_target"] == N - 1
+    assert (out / "analysis.png").stat().st_size > 10_000
+
+
+@pytest.mark.runs("analyze --exponent tong")
+def test_cli_analyze_with_tongs_exponent(config, model, tmp_path, capsys):
+    """`--exponent tong`: the report's token exponents are Tong et al.'s, equal to the
+    library's on the same model and state (the library's against a port of their code:
+    test_analysis_peers.py)."""
+    out = tmp_path / "an"
+    argv = ["analyze", "--config", str(config), "--inputs", str(B), "--exponent", "tong",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert f"token exponents (tong, first input, towards {N - 1})" in capsys.readouterr().out
+    r = json.loads((out / "analysis.json").read_text())
+    assert r["lyapunov"]["token_exponent"] == "tong" and r["lyapunov"]["token_target"] == N - 1
+    m, u0 = model
+    want = jax.jit(lambda u: token_lyapunov_exponents(m, u, method="tong"))(u0[0])
+    np.testing.assert_allclose(r["lyapunov"]["token_exponents"], want.exponents[:, 0], rtol=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +239,7 @@ def eqx_float(a):
     return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)
 
 
-def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch):
+def test_progress_says_the_expected_time_before_the_long_work(model, fixed, monkeypatch):
     """`analyze(progress=...)`: the plan first and the expected time of the whole run
     ("expects about ...", priced from the shape) before any work; then a line per stage,
     the estimate measured again from the first warm interval (the second) on, before the
@@ -197,7 +263,7 @@ def test_progress_says_the_expected_time_before_the_long_work(model, monkeypatch
 
     monkeypatch.setattr(_report, "_leading", spy("leading", leading))
     monkeypatch.setattr(_report, "_tokens", spy("tokens", tokens))
-    analyze(m, u0, block_size=2, max_iters=50, token_target="all", progress=buf)
+    analyze(m, u0, block_size=2, max_iters=50, token_target="all", progress=buf, **fixed)
     lines = buf.getvalue().splitlines()
     assert all(line.startswith("itde analyze: ") for line in lines)
     assert f"{L} intervals" in lines[0] and "up to 50 iterations" in lines[0]
@@ -228,13 +294,12 @@ def test_padding_at_the_end_is_dropped_from_the_exponents_exactly(model):
     flow is the reference), None on the padded tokens."""
     m, u0 = model
     mask = jnp.asarray([[True, True, True, False, False]])
-    ly = analyze(m, u0, mask, block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
+    ly = analyze(m, u0[:1], mask, block_size=2, max_iters=300, rtol=1e-10)["lyapunov"]
     assert ly["token_exponents"][3:] == [None, None] and ly["token_target"] == 2
-    u = u0[0, :3]
-    j = _dense(lambda v: itde.analysis.FlowMap(m, 0.0, 1.0)(v), u)
-    s1 = float(jnp.linalg.svd(j, compute_uv=False)[0])
+    layers, whole = layer_jacobians(m, u0[0, :3])
+    s1 = float(np.linalg.svd(layers[0], compute_uv=False)[0])
     assert ly["leading_singular_value"][0] == pytest.approx(s1, rel=1e-9)
-    whole = _dense(lambda v: m.trajectory(v)[-1], u).reshape(3, D, 3, D)
+    whole = whole.reshape(3, D, 3, D)
     want = [np.log(np.linalg.svd(whole[2, :, i], compute_uv=False)[0]) / L for i in range(3)]
     np.testing.assert_allclose(ly["token_exponents"][:3], want, rtol=1e-9)
 

@@ -6,9 +6,8 @@ with the parallel block $u + A(N_1 u) + F(N_2 u)$, their block form, in float64.
 reference reads the model through torch (its layers' own modules, differentiated by torch
 autograd), never through itde.
 
-Also: the exact and Tong's token exponents differ, in sign and in ranking."""
-
-import json
+Also: the exact and Tong's token exponents differ, in sign and in ranking. (`itde analyze
+--exponent tong` runs in test_analysis_finishes.py, with the programs of its other runs.)"""
 
 import equinox as eqx
 import jax
@@ -232,38 +231,6 @@ def test_bad_choices_are_named(neox):
         token_lyapunov_exponents(adaptive, u0, method="tong")
     with pytest.raises(TypeError, match="`at_step_end`=.yes. must be True or False"):
         TongExponent(at_step_end="yes")
-
-
-TINY = """
-[model]
-n_layers = 1
-n_features = 4
-n_heads = 1
-n_hidden = 4
-[solve]
-n_tokens = 3
-"""
-
-
-@pytest.mark.runs("analyze --exponent tong")
-def test_cli_analyze_with_tongs_exponent(tmp_path, capsys):
-    """`--exponent tong`: the report's token exponents are Tong et al.'s, equal to the
-    library's on the same model and state."""
-    from itde.cli._analyze import _config_problem
-
-    cfg = tmp_path / "solve.toml"
-    cfg.write_text(TINY)
-    out = tmp_path / "an"
-    argv = ["analyze", "--config", str(cfg), "--inputs", "1", "--exponent", "tong",
-            "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    assert "token exponents (tong, first input, towards 2)" in capsys.readouterr().out
-    r = json.loads((out / "analysis.json").read_text())
-    assert r["lyapunov"]["token_exponent"] == "tong" and r["lyapunov"]["token_target"] == 2
-    model, u0, _, _, _ = _config_problem(str(cfg), 1)
-    assert u0.dtype == jnp.float64  # the suite runs in float64, as the command does
-    want = token_lyapunov_exponents(model, u0[0], method="tong")
-    np.testing.assert_allclose(r["lyapunov"]["token_exponents"], want.exponents[:, 0], rtol=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """`itde.analysis.analyze` and `itde analyze`: every quantity against depth, checked against
 references computed another way (numpy on the states of `TransformerIDE.trajectory`, numpy
-eigenvalues of the weights, dense `jax.jacfwd` Jacobians and their SVDs), and the command
-line on a random model, a trained checkpoint and a Hugging Face directory."""
+eigenvalues of the weights, dense `jax.jacrev` Jacobians and their SVDs), and the command
+line on a Hugging Face directory (on a random model of a solve config:
+test_analysis_finishes.py; on a trained checkpoint: test_commands.py)."""
 
 import json
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde.analysis import FlowMap, analyze, report_depths
+from itde.analysis import analyze, report_depths
 from itde.cli import main
 
 N, D, L, B = 4, 4, 2, 2  # tokens, features, layers, inputs
@@ -80,24 +81,23 @@ def test_spectra_are_those_of_each_layers_weights(network):
         )
 
 
-def _sigma1(f, u):
-    j = np.asarray(jax.jacrev(f)(u)).reshape(u.size, u.size)
-    return np.linalg.svd(j, compute_uv=False)[0]
-
-
 def test_exponents_against_dense_jacobians(network):
+    """The exponents against the SVDs of dense Jacobians: each layer's (`jax.jacrev` of the
+    layer alone), the whole depth's (their product), and its blocks towards the last token."""
+    from test_analysis_finishes import layer_jacobians
+
     m, u0, r = network
     ly = r["lyapunov"]
     assert ly["intervals"] == [[0.0, 1.0], [1.0, 2.0]]
-    states = np.asarray(m.trajectory(u0[0]))
-    for n in (L - 1,):  # the last layer's map u(n) -> u(n+1), densely (the others alike)
-        s1 = _sigma1(FlowMap(m, float(n), float(n + 1)), jnp.asarray(states[n]))
+    layers, whole = layer_jacobians(m, u0[0])
+    for n in range(L):  # layer n's map u(n) -> u(n+1)
+        s1 = np.linalg.svd(layers[n], compute_uv=False)[0]
         assert ly["leading_singular_value"][n] == pytest.approx(s1, rel=1e-5)
         assert ly["leading_exponent"][n] == pytest.approx(np.log(s1), rel=1e-5)
-    s1 = _sigma1(lambda u: m.trajectory(u)[-1], u0[0])
+    s1 = np.linalg.svd(whole, compute_uv=False)[0]
     assert ly["whole_depth"]["leading_exponent"] == pytest.approx(np.log(s1) / L, rel=1e-5)
-    # token exponents towards the last token: blocks of the dense Jacobian of u(T)[-1]
-    j = np.asarray(jax.jacrev(lambda u: m.trajectory(u)[-1, -1])(u0[0]))  # [D, N, D]
+    # token exponents towards the last token: blocks of the rows of u(T)[-1]
+    j = whole.reshape(N, D, N, D)[-1]  # [D, N, D]
     want = [np.log(np.linalg.svd(j[:, i, :], compute_uv=False)[0]) / L for i in range(N)]
     assert ly["token_target"] == N - 1 and ly["token_exponent"] == "exact"
     np.testing.assert_allclose(ly["token_exponents"], want, rtol=1e-9)
@@ -129,34 +129,6 @@ def test_analyze_refuses_bad_inputs(network):
         analyze(m, u0[0, 0])
     with pytest.raises(ValueError, match=r"`mask` must be \[inputs, tokens\]"):
         analyze(m, u0, jnp.ones((B, N + 1), bool))
-
-
-SOLVE = """
-[model]
-n_layers = 2
-n_features = 8
-n_heads = 2
-n_hidden = 8
-[solve]
-n_tokens = 5
-"""
-
-
-@pytest.mark.runs("analyze --config")
-def test_cli_analyze_writes_the_json_and_figure(tmp_path, capsys):
-    """The command on a random model of a solve config (the exponents, the costly part,
-    are checked on the library call above)."""
-    cfg = tmp_path / "solve.toml"
-    cfg.write_text(SOLVE)
-    out = tmp_path / "an"
-    argv = ["analyze", "--config", str(cfg), "--inputs", "2", "--no-lyapunov", "--out", str(out)]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "eff.rank" in printed and "random post-LN model" in printed
-    r = json.loads((out / "analysis.json").read_text())
-    assert r["inputs"] == 2 and r["tokens"] == 5 and r["source"]["scheme"] == "lie"
-    assert r["depths"] == [0.0, 1.0, 2.0] and "lyapunov" not in r
-    assert (out / "analysis.png").stat().st_size > 10_000
 
 
 def test_figure_has_one_panel_per_quantity_with_the_layers_marked(network):
