@@ -47,9 +47,9 @@ from ._buckets import PowerOfTwoBuckets
 from ._equation import TransformerIDE
 from ._kv_cache import (
     NotCacheableError,
+    _decode,
     _on_host,
     check_cacheable,
-    decode,
     prefill,
     prefill_by_chunks,
     split_layers,
@@ -236,7 +236,7 @@ def _decode_one(dec, layers, window, filled, cache, logits, key, sampling, start
 
     def grow(window, filled, cache):
         u = jax.lax.dynamic_slice_in_dim(dec.initial(window), filled - 1, 1)
-        h, cache = decode(eq, layers, u, cache, solver=dec.solver, dt0=dec.dt0)
+        h, cache = _decode(eq, layers, u, cache, solver=dec.solver, dt0=dec.dt0)
         return cache, dec.logits(h)[0].astype(logits.dtype)
 
     def full(window, filled, cache):

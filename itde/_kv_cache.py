@@ -52,6 +52,7 @@ from jaxtyping import Array, Float, Int
 from ._blocks import Parallel, PreNorm
 from ._controls import PiecewiseConstant
 from ._equation import TransformerIDE
+from ._programs import check
 from ._quadrature._rules import AbstractQuadrature
 
 
@@ -428,7 +429,23 @@ def decode(
     the prompt for a prefill by chunks) attending to the cached keys and values and to
     each other causally. Returns their final states $u(T)$ `[rows, features]` and the
     cache with their rows written, `rows` longer. The rows must fit the cache
-    (`cache.length + rows <= cache.max_length`). Arguments as [`prefill`][itde.prefill]'s."""
+    (`cache.length + rows <= cache.max_length`): rows that do not are a `ValueError`
+    (called eagerly) or an `equinox.EquinoxRuntimeError` (inside `jax.jit`), never a write
+    past the end. Arguments as [`prefill`][itde.prefill]'s."""
+    rows, n_max = u.shape[0], cache.max_length
+    message = (f"`u` has {rows} rows, which do not fit the cache after its `cache.length` "
+               f"filled positions (`cache.max_length`={n_max}): start from a longer cache "
+               f"(`empty_cache(..., max_length=)`) or decode fewer rows")  # fmt: skip
+    if isinstance(cache.length, jax.core.Tracer):
+        u = check(u, cache.length + rows > n_max, message)
+    elif int(cache.length) + rows > n_max:
+        raise ValueError(f"{message} (`cache.length`={int(cache.length)})")
+    return _decode(eq, layers, u, cache, solver=solver, dt0=dt0)
+
+
+def _decode(eq, layers, u, cache: KVCache, *, solver=None, dt0=None):
+    """[`decode`][itde.decode] without its check that the rows fit (the generation engine
+    and the prefill by chunks size the cache themselves)."""
     pos = cache.length
     h, keys, values = _solve(
         eq, layers, u, (cache.keys, cache.values), pos, cache.max_length, False, solver, dt0
@@ -487,7 +504,7 @@ def prefill_by_chunks(
 
         def rk_chunk(i, carry):
             u, cache = carry
-            h, cache = decode(eq, layers, jax.lax.dynamic_slice_in_dim(u, i * rows, rows),
+            h, cache = _decode(eq, layers, jax.lax.dynamic_slice_in_dim(u, i * rows, rows),
                               cache, solver=solver, dt0=dt0)  # fmt: skip
             return jax.lax.dynamic_update_slice_in_dim(u, h, i * rows, axis=0), cache
 
