@@ -380,3 +380,21 @@ def test_batched_generation_names_no_row_for_an_option_of_all_rows(models):
     with pytest.raises(ValueError) as e:
         lm.generate_batch([[5, 6], [7, 8, 9]], 2, temperature=-1.0)
     assert str(e.value).startswith("`temperature`=-1.0 must be a finite number >= 0")
+
+
+def test_decode_refuses_rows_past_the_end_of_the_cache(models):
+    """`decode` of rows that do not fit after the filled positions is an error naming the
+    sizes, eagerly (a ValueError before any work) and under `jax.jit` (a runtime error),
+    never a write past the end (XLA would clamp the update and return finite numbers)."""
+    _, lm, layers = models["llama"]
+    eq = lm.base.equation
+    cache = itde.empty_cache(eq, layers, 3, jnp.float64)
+    u = lm.base.embed(jnp.asarray([1, 2, 3, 4]))
+    _, cache = itde.decode(eq, layers, u[:2], cache)  # 2 of 3 positions
+    with pytest.raises(ValueError, match=r"`u` has 2 rows.*`cache.max_length`=3.*`cache.length`=2"):
+        itde.decode(eq, layers, u[2:4], cache)
+    step = eqx.filter_jit(lambda u, cache: itde.decode(eq, layers, u, cache))
+    _, full = step(u[2:3], cache)  # the last position fits
+    assert int(full.length) == 3
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"do not fit the cache"):
+        jax.block_until_ready(step(u[3:4], full))
