@@ -102,6 +102,27 @@ def draw_token(logits: Float[Array, " vocab"], key: PRNGKeyArray, temperature, t
 _warp_jit = jax.jit(_warp)
 
 
+def is_real(x) -> bool:
+    """`x` is a real number as a user passes one: a Python or NumPy integer or float
+    (`np.float32(0.5)` as much as `0.5`), not a bool."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
+        x, (bool, np.bool_)
+    )
+
+
+def check_filters_sample(temperature, top_k, top_p, names=("top_k", "top_p", "temperature")):
+    """Refuse filters that a greedy draw would ignore: `top_k` or `top_p` (other than 1)
+    at temperature 0 (transformers refuses temperature 0 when sampling). `names`: how the
+    caller spells the three (the CLI's `--top-k`, ...)."""
+    if temperature == 0 and (top_k is not None or top_p != 1):
+        k, p, t = names
+        raise ValueError(
+            f"`{k}`={top_k!r}, `{p}`={top_p!r} at `{t}`=0 would be ignored (temperature 0: "
+            "greedy, the most likely token); give a temperature > 0 to sample among the "
+            "filtered tokens, or leave the filters out."
+        )
+
+
 def warp_logits(
     logits: Float[Array, "*batch vocab"], *, temperature: float = 1.0, top_k: int | None = None,
     top_p: float = 1.0,
@@ -124,8 +145,7 @@ def warp_logits(
 
     **Returns:** the processed logits, same shape and dtype.
     """
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not (math.isfinite(temperature) and temperature > 0)):  # fmt: skip
+    if not (is_real(temperature) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(
             f"`temperature`={temperature!r} must be a finite number > 0 (1 = the model's own "
             "distribution)."

@@ -228,10 +228,34 @@ def test_generation_arguments_are_checked():
         lm.generate(prompt, 2, eos_token_id=VOCAB)
     with pytest.raises(ValueError, match=r"`temperature`=-1"):
         lm.generate(prompt, 2, key=jax.random.key(0), temperature=-1)
+    with pytest.raises(ValueError, match=r"`temperature`=True must be a finite number"):
+        lm.generate(prompt, 2, key=jax.random.key(0), temperature=True)
+    # filters a greedy draw would ignore (transformers refuses temperature 0 to sample)
+    with pytest.raises(ValueError, match=r"`top_k`=5, `top_p`=1.0 at `temperature`=0 would be"):
+        lm.generate(prompt, 2, key=jax.random.key(0), temperature=0, top_k=5)
+    with pytest.raises(ValueError, match=r"`top_k`=None, `top_p`=0.5 at `temperature`=0"):
+        lm.generate(prompt, 2, key=jax.random.key(0), temperature=0.0, top_p=0.5)
     with pytest.raises(ValueError, match=r"`labels` holds ids outside \[0, 50\).*-100.*50"):
         lm.loss(jnp.asarray(IDS), labels=jnp.asarray(np.full_like(IDS, VOCAB)))
     with pytest.raises(ValueError, match=r"`attention_mask` must have the shape"):
         lm.loss(jnp.asarray(IDS), jnp.asarray(MASKS[:2]))
+
+
+def test_a_numpy_temperature_is_a_number():
+    """`np.float32(0.9)` is the temperature 0.9 (a NumPy float from an array or a config):
+    the same draws, in `generate` and in `warp_logits`; a NumPy bool is refused."""
+    from itde.train import warp_logits
+
+    lm = itde.from_hf(_cached("gpt2", torch.float64))
+    prompt, key = IDS[0, :3], jax.random.key(3)
+    a = lm.generate(prompt, 3, key=key, temperature=np.float32(0.75))
+    b = lm.generate(prompt, 3, key=key, temperature=float(np.float32(0.75)))
+    np.testing.assert_array_equal(a, b)
+    z = np.random.RandomState(0).randn(2, 9)
+    np.testing.assert_array_equal(np.asarray(warp_logits(z, temperature=np.float32(0.5))),
+                                  np.asarray(warp_logits(z, temperature=0.5)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"`temperature`=np.True_ must be a finite number"):
+        warp_logits(z, temperature=np.True_)
 
 
 # ---------------------------------------------------------------- back to Hugging Face

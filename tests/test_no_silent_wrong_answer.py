@@ -272,3 +272,32 @@ def test_from_torch_names_the_layer_and_field_of_a_mixed_encoder(layer, said):
     enc.layers[1] = torch.nn.TransformerEncoderLayer(**{**args, **layer})
     with pytest.raises(ValueError, match=said):
         itde.from_torch(enc)
+
+
+def test_sample_filters_at_temperature_zero_are_refused(tmp_path, capsys):
+    """`itde sample --temperature 0 --top-k 5` would draw greedily and ignore the filter:
+    refused before the checkpoint is read (one line, exit 2), as `HFCausalLM.generate`
+    refuses it."""
+    for flags in (["--top-k", "5"], ["--top-p", "0.9"]):
+        argv = ["sample", "--checkpoint", str(tmp_path / "none"), "--temperature", "0", *flags]
+        assert itde.cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "at `--temperature`=0 would be ignored" in err and "holds no checkpoint" not in err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_sampling_a_model_refuses_filters_at_temperature_zero():
+    """`itde.train.sample` (and `sample_stream`) at temperature 0 with a filter: refused,
+    naming the CLI's flags, before any draw."""
+    from itde.train import TASKS, TrainExperiment, from_dict, sample, sample_stream
+
+    cfg = from_dict(TrainExperiment, {
+        "task": {"name": "charlm", "context": 8},
+        "model": {"n_layers": 1, "n_features": 8, "n_heads": 2, "n_hidden": 8},
+    })  # fmt: skip
+    task = TASKS["charlm"](cfg.task)
+    model = task.init_model(cfg.model, jax.random.key(3), dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"`--top-k`=3, `--top-p`=1.0 at `--temperature`=0"):
+        sample(model, task.itos, "ab", 4, temperature=0.0, top_k=3)
+    with pytest.raises(ValueError, match=r"`--top-p`=0.5 at `--temperature`=0"):
+        next(iter(sample_stream(model, task.itos, "ab", 4, temperature=0.0, top_p=0.5)))

@@ -592,7 +592,8 @@ class _Progress:
                     elapsed = time.perf_counter() - self.t0
                     tag = "expects" if not self.estimated else ""
                     self.estimated = True
-                    line += f"; {tag + ' ' if tag else ''}{estimate_line(elapsed, max(elapsed, total))}"
+                    said = estimate_line(elapsed, max(elapsed, total))
+                    line += f"; {tag + ' ' if tag else ''}{said}"
             self.write(line)
 
         if length is not None and not self.iters:

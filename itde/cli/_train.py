@@ -171,10 +171,11 @@ def cmd_sample(args) -> int:
             f"`--temperature`={args.temperature!r} must be a finite number >= 0 (0 = greedy, "
             "1 = the model's own distribution)."
         )
-    from .._sampling import check_filters
+    from .._sampling import check_filters, check_filters_sample
     from ..train._sample import FILTER_NAMES
 
     check_filters(args.top_k, args.top_p, FILTER_NAMES)  # said before the checkpoint is read
+    check_filters_sample(args.temperature, args.top_k, args.top_p, (*FILTER_NAMES, "--temperature"))
     run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(

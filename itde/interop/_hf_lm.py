@@ -5,8 +5,9 @@ A Hugging Face `...ForCausalLM` (`GPT2LMHeadModel`, `LlamaForCausalLM`) is a bas
 [`CausalLMFamily`][itde.interop.CausalLMFamily] converts one such class through the base
 model's family; [`HFCausalLM`][itde.interop.HFCausalLM] holds the converted base (an
 [`HFTransformer`][itde.HFTransformer], unchanged) and the head, and gives the logits, the
-loss Hugging Face computes from `labels`, and generation (the library's one generation engine, the one `itde sample` runs on,
-compiled once per window bucket: [`AbstractDecoder`][itde.AbstractDecoder]).
+loss Hugging Face computes from `labels`, and generation (the library's one generation
+engine, the one `itde sample` runs on, compiled once per window bucket:
+[`AbstractDecoder`][itde.AbstractDecoder]).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .._generate import AbstractDecoder, generate_rows, prefill_logits, window_l
 from .._kv_cache import NotCacheableError, check_cacheable
 from .._operators._precision import contract, wide
 from .._roles import kernel
-from .._sampling import _scalar, check_filters
+from .._sampling import _scalar, check_filters, check_filters_sample, is_real
 from .._solve import solve
 from . import _hf_glue as g
 from ._hf_family import AbstractHFFamily, check_weights
@@ -541,8 +542,7 @@ class HFCausalLM(eqx.Module):
         """The arguments of a generation that are not the prompt's."""
         _natural("max_new_tokens", max_new_tokens, 0)
         _natural("chunk", chunk, 1)
-        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
-                and math.isfinite(temperature) and temperature >= 0):  # fmt: skip
+        if not (is_real(temperature) and math.isfinite(temperature) and temperature >= 0):
             raise ValueError(
                 f"`temperature`={temperature!r} must be a finite number >= 0 (0 = greedy)."
             )
@@ -601,6 +601,7 @@ def _sampling_args(key, temperature, top_k, top_p):
             f"`top_k`={top_k!r}, `top_p`={top_p!r} without a `key` would be ignored (no "
             "key: greedy); pass `key=jax.random.key(seed)` to sample."
         )
+    check_filters_sample(temperature, top_k, top_p)
     top_k, floor = check_filters(top_k, top_p)
     if key is None or temperature == 0:
         return None, None

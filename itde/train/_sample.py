@@ -5,12 +5,12 @@ The draws run on the library's one generation engine (a
 `HFCausalLM.generate` runs on it too): a window bucket compiled once (the prompt and the
 new tokens within the context; a full context slides), and each call of the compiled
 program draws a chunk of up to `chunk` tokens in a `jax.lax.fori_loop` (one dispatch per
-chunk, not per token), and [`sample_stream`][itde.train.sample_stream] hands each chunk's text over as soon as it
-is drawn, so a long generation shows progress and an interrupt keeps what was shown. The
-temperature, top-k and top-p of Hugging Face's `generate` are traced values of that
-program ([`warp_logits`][itde.train.warp_logits]); the text is decoded incrementally
-([`IncrementalDecoder`][itde.train.IncrementalDecoder]), so a byte-level tokenizer's
-character drawn over two chunks is never shown in halves.
+chunk, not per token), and [`sample_stream`][itde.train.sample_stream] hands each chunk's
+text over as soon as it is drawn, so a long generation shows progress and an interrupt
+keeps what was shown. The temperature, top-k and top-p of Hugging Face's `generate` are
+traced values of that program ([`warp_logits`][itde.train.warp_logits]); the text is
+decoded incrementally ([`IncrementalDecoder`][itde.train.IncrementalDecoder]), so a
+byte-level tokenizer's character drawn over two chunks is never shown in halves.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .._generate import AbstractDecoder, generate_rows, window_length
 from .._generate import cacheable as engine_cacheable
 from .._kv_cache import check_cacheable
 from .._registry import SCHEMES
-from .._sampling import IncrementalDecoder, _scalar, check_filters
+from .._sampling import IncrementalDecoder, _scalar, check_filters, check_filters_sample
 from ._model import TokenModel, integrate
 
 #: how the sampler's errors name its filters (the flags of `itde sample`)
@@ -96,6 +96,7 @@ def _check(model, itos, prompt, length, temperature, seed, encode=None, *, top_k
         )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"`--seed`={seed!r} must be an integer in [0, {SEED_MAX}].")
+    check_filters_sample(temperature, top_k, top_p, (*FILTER_NAMES, "--temperature"))
     return check_filters(top_k, top_p, FILTER_NAMES)
 
 
