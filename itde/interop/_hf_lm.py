@@ -360,7 +360,8 @@ class HFCausalLM(eqx.Module):
         - `top_k`, `top_p`: keep the `top_k` most likely tokens (an integer >= 1; None: all),
           then those whose probabilities sum to `top_p` (in (0, 1]; 1: all), as
           `generate(do_sample=True, top_k=..., top_p=...)` filters
-          ([`warp_logits`][itde.train.warp_logits]); with a `key` only.
+          ([`warp_logits`][itde.train.warp_logits]); with a `key` and a temperature
+          above 0 only (a greedy draw would ignore them: refused).
         - `eos_token_id`: stop after drawing this token (it is yielded); None: draw
           `max_new_tokens`.
         - `max_length`: the window the generation needs (default: prompt plus
