@@ -11,20 +11,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_analysis_finishes import SOLVE, B, D, L, N, layer_jacobians
 
 import itde
 from itde.analysis import analyze, report_depths
 from itde.cli import main
-
-N, D, L, B = 4, 4, 2, 2  # tokens, features, layers, inputs
+from itde.cli._analyze import _config_problem, _solver
 
 
 @pytest.fixture(scope="module")
-def network():
-    m = itde.TransformerIDE.init(jax.random.key(3), n_layers=L, n_features=D, n_heads=2,
-                                 n_hidden=8)  # fmt: skip
-    u0 = jax.random.normal(jax.random.key(4), (B, N, D), jnp.float64)
-    return m, u0, analyze(m, u0)
+def network(tmp_path_factory):
+    """The random model of test_analysis_finishes.py's solve config with its inputs, and
+    its report with the command's depth integrator (Lie, one step per layer): the same
+    shapes, so this module reuses the programs that module's runs compiled when both run
+    in one process (the library's default integrator, `analyze(model, u0)`, reports on
+    random models in test_many_shapes_solve.py)."""
+    cfg = tmp_path_factory.mktemp("solve") / "solve.toml"
+    cfg.write_text(SOLVE)
+    m, u0, _, _, _ = _config_problem(str(cfg), B)
+    return m, u0, analyze(m, u0, **_solver(m, "lie", 1.0, "--dt"))
 
 
 def _effective_rank(u):
@@ -84,8 +89,6 @@ def test_spectra_are_those_of_each_layers_weights(network):
 def test_exponents_against_dense_jacobians(network):
     """The exponents against the SVDs of dense Jacobians: each layer's (`jax.jacrev` of the
     layer alone), the whole depth's (their product), and its blocks towards the last token."""
-    from test_analysis_finishes import layer_jacobians
-
     m, u0, r = network
     ly = r["lyapunov"]
     assert ly["intervals"] == [[0.0, 1.0], [1.0, 2.0]]
@@ -138,7 +141,8 @@ def test_figure_has_one_panel_per_quantity_with_the_layers_marked(network):
     shown = [ax for ax in fig.axes if ax.get_visible()]
     titles = [ax.get_title() for ax in shown]
     assert len(titles) == 10 and len(set(titles)) == 10  # nine quantities, the histogram
-    assert "effective rank" in titles and "token Lyapunov exponents, exact (towards 3)" in titles
+    assert "effective rank" in titles
+    assert f"token Lyapunov exponents, exact (towards {N - 1})" in titles
     for ax in shown[:-1]:  # depth panels: the data and a dotted line per layer boundary
         assert ax.get_xlabel() == "depth t"
         assert sum(line.get_linestyle() == ":" for line in ax.lines) == L + 1

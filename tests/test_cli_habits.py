@@ -320,6 +320,7 @@ def test_set_on_analyze(tmp_path, capsys):
     assert main(argv) == 0
     report = json.loads((out / "analysis.json").read_text())
     assert report["depths"] == [0.0, 1.0] and report["tokens"] == 3
+    assert "lyapunov" not in report  # --no-lyapunov
     assert report["source"]["path"] == f"{cfg} --set model.n_layers=1 --set solve.n_tokens=3"
     assert "\r" not in capsys.readouterr().err
 
