@@ -402,12 +402,13 @@ def generate_rows(
         layers = layers_of(dec)
         rows = min(PREFILL_ROWS, length)
         if not programs.holds(_prefill_program, dec, layers, window, filled, rows):
-            # a new bucket: the decode loop compiles in the background (from the shapes
-            # of the prefill's results) while the prefill compiles and runs here
+            # a new bucket: the decode loop (from the shapes of the prefill's results),
+            # traced here first, compiles in the background while the prefill is traced,
+            # compiles and runs here (the decode loop's compile is the longer)
             kv, logits = eqx.filter_eval_shape(_prefill_program, dec, layers, window, filled,
                                                rows)  # fmt: skip
             programs.prepare(_decode_program, dec, layers, window, filled, kv, logits, keys,
-                             sampling, *first)  # fmt: skip
+                             sampling, *first, trace_here=True)  # fmt: skip
         layers, (kv, logits) = _prefill_rows(dec, window, filled)
     ended = np.zeros((real,), bool)
     done = 0

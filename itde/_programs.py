@@ -146,9 +146,11 @@ class ProgramCache:
                 self._programs.move_to_end(key)
             return program
 
-    def _compile_and_hold(self, fn, key, leaves, dynamic) -> _Program:
+    def _compile_and_hold(self, fn, key, leaves, dynamic, lowered=None) -> _Program:
         start = time.perf_counter()
-        program = _compile(fn, key[1], leaves, dynamic)
+        if lowered is None:
+            lowered = _lower(fn, key[1], leaves, dynamic)
+        program = _Program(lowered[0].compile(), *lowered[1])
         with self._lock:
             self.compile_seconds += time.perf_counter() - start
             self.compiled += 1
@@ -165,12 +167,17 @@ class ProgramCache:
         with self._lock:
             return key in self._programs or key in self._pending
 
-    def prepare(self, fn: Callable, *args) -> None:
+    def prepare(self, fn: Callable, *args, trace_here: bool = False) -> None:
         """Start compiling the program of `fn` for `args` in a background thread, unless
         it is held or under way: array leaves of `args` may be `jax.ShapeDtypeStruct`s
         (the shapes of arguments not computed yet). The next call `cache(fn, *args)` with
         arrays of those shapes waits for it instead of compiling. A compilation that
-        fails here is tried again, in the caller's thread, by that call."""
+        fails here is tried again, in the caller's thread, by that call.
+
+        `trace_here`: trace and lower `fn` in the caller's thread first, and leave only
+        XLA's compile (which runs without the interpreter's lock) to the background: the
+        program's compile then starts before the caller traces anything else (tracing
+        holds the lock, so two programs traced in two threads take turns)."""
         sig = _signature(args)
         if sig is None:
             return
@@ -178,8 +185,20 @@ class ProgramCache:
         with self._lock:
             if key in self._programs or key in self._pending:
                 return
+        lowered = None
+        if trace_here:
+            start = time.perf_counter()
+            try:
+                lowered = _lower(fn, key[1], sig[1], sig[2])
+            except Exception:  # said again by the call that needs the program
+                return
+            with self._lock:
+                self.compile_seconds += time.perf_counter() - start
+        with self._lock:
+            if key in self._programs or key in self._pending:
+                return
             self._pending[key] = _background.submit(
-                self._compile_and_hold, fn, key, sig[1], sig[2]
+                self._compile_and_hold, fn, key, sig[1], sig[2], lowered
             )
 
     def __call__(self, fn: Callable, *args):
@@ -252,11 +271,12 @@ def checks_on_host() -> bool:
     return _top_level() is not None
 
 
-def _compile(fn: Callable, treedef, leaves: list, dynamic: list[bool]) -> _Program:
-    """`fn` compiled for these leaves: the arrays are the program's inputs, the other
-    leaves are closed over (not passed as static arguments, which JAX's global caches
-    would keep alive); the function compiled is a closure of its own, so JAX's caches,
-    keyed weakly on it, free the executable with the `_Program`."""
+def _lower(fn: Callable, treedef, leaves: list, dynamic: list[bool]):
+    """`fn` traced and lowered for these leaves (`jax.stages.Lowered`, and the static
+    part of its output and its checks' messages): the arrays are the program's inputs,
+    the other leaves are closed over (not passed as static arguments, which JAX's global
+    caches would keep alive); the function lowered is a closure of its own, so JAX's
+    caches, keyed weakly on it, free the executable with the `_Program`."""
     static = [None if d else leaf for leaf, d in zip(leaves, dynamic)]
     out_static = []
 
@@ -277,8 +297,8 @@ def _compile(fn: Callable, treedef, leaves: list, dynamic: list[bool]) -> _Progr
     program.__name__ = getattr(fn, "__name__", "program")
     program.__qualname__ = getattr(fn, "__qualname__", program.__name__)
     arrays = [leaf for leaf, d in zip(leaves, dynamic) if d]
-    compiled = jax.jit(program).lower(arrays).compile()
-    return _Program(compiled, *out_static[0])
+    lowered = jax.jit(program).lower(arrays)
+    return lowered, out_static[0]
 
 
 def _run(program: _Program, arrays: list):

@@ -103,6 +103,17 @@ def test_a_program_prepared_from_shapes_serves_the_call():
     cache.prepare(_checked, jax.ShapeDtypeStruct((), jnp.int32))
     with pytest.raises(eqx.EquinoxRuntimeError):  # runs, and its check fails as usual
         cache(_checked, jnp.ones((), jnp.int32))
+    # traced here, compiled in the background: the same program, one compilation
+    cache.prepare(_f, jax.ShapeDtypeStruct((3, 5), jnp.float32), 1.5, trace_here=True)
+    assert cache.holds(_f, np.ones((3, 5), np.float32), 1.5)
+    out = cache(_f, np.full((3, 5), 0.5, np.float32), 1.5)
+    assert cache.compiled == 3 and cache.hits == 3  # served by the prepared program
+    np.testing.assert_allclose(out, _f(jnp.full((3, 5), 0.5), 1.5), rtol=1e-6)
+    # a function that fails to trace: nothing is prepared, the call says why
+    cache.prepare(_f, jax.ShapeDtypeStruct((3, 4, 2), jnp.float32), 1.0, trace_here=True)
+    assert not cache.holds(_f, np.ones((3, 4, 2), np.float32), 1.0)
+    with pytest.raises(ValueError, match="Incompatible types for matmul"):
+        cache(_f, np.ones((3, 4, 2), np.float32), 1.0)
 
 
 def test_count_compilations_counts_eager_operations_too():
