@@ -83,7 +83,7 @@ def test_probe_measures_a_rate_and_a_compilation():
     assert 0 < compile_s < 60
 
 
-def test_expected_time_grows_with_the_iterations_and_is_said_first(eq):
+def test_expected_time_grows_with_the_iterations(eq):
     ts = [float(t) for t in range(L + 1)]
     shape = dict(inputs=2, tokens=6, n_real=6, features=D, dtype=jnp.float32, solver=None,
                  dt0=None, token_vjps=True, block=2)  # fmt: skip
@@ -91,6 +91,13 @@ def test_expected_time_grows_with_the_iterations_and_is_said_first(eq):
     assert 0 < typical < bound
     t5, b5 = _estimate.expected(eq, ts, lyapunov=True, max_iters=5, **shape)
     assert t5 == pytest.approx(b5, rel=0.5)  # both at 5 iterations: only the probe differs
+
+
+def test_analyze_says_the_expected_time_first():
+    """`analyze(progress=...)` says the expected time before its first stage (on the plain
+    model: the gated one's line is the same code; its count is checked above)."""
+    eq = itde.TransformerIDE.init(jax.random.key(3), n_layers=L, n_features=D, n_heads=H,
+                                  n_hidden=F)  # fmt: skip
     buf = io.StringIO()
     u0 = jax.random.normal(jax.random.key(0), (2, 6, D))
     analyze(eq, u0, lyapunov=False, progress=buf)
