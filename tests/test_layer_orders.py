@@ -6,6 +6,7 @@ layer, integrated layer by layer with SciPy's DOP853 at tolerance 1e-13.
 """
 
 import diffrax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,14 +71,25 @@ SOLVERS = [
 ]
 
 
+@eqx.filter_jit
+def _constant_steps(model, x, solver, h):
+    """u(T) by constant steps h (a traced argument: one program serves every step size;
+    each h divides the layers, so the steps land on every boundary)."""
+    return itde.solve(model, x, solver=solver, dt0=h, max_steps=LAYERS * 64,
+                      stepsize_controller=diffrax.ConstantStepSize()).ys[-1]  # fmt: skip
+
+
 @pytest.mark.parametrize("solver,order,steps", SOLVERS, ids=lambda s: type(s).__name__)
 def test_fixed_step_order_on_per_layer_controls(encoder, reference, solver, order, steps):
+    """The step sizes in one compiled program (constant steps, the step a traced value);
+    the default grid (`StepTo`, one program per step size) is the same steps, solved in
+    the tests of one step per layer here and in tests/test_flow_maps.py."""
     enc, x = encoder
     model = itde.from_torch(enc)
     assert model.n_layers == LAYERS
     errors = [
-        float(np.max(np.abs(np.asarray(itde.solve(model, jnp.asarray(x), solver=solver,
-                                                  dt0=h).ys[-1]) - reference)))
+        float(np.max(np.abs(np.asarray(_constant_steps(model, jnp.asarray(x), solver,
+                                                       jnp.asarray(h))) - reference)))
         for h in steps
     ]  # fmt: skip
     rates = np.log2(np.asarray(errors[:-1]) / np.asarray(errors[1:]))
@@ -114,18 +126,24 @@ def _scalar_problem(rates):
     return diffrax.ODETerm(field), float(np.exp(np.sum(rates)))
 
 
+@eqx.filter_jit
+def _scalar_constant_steps(term, solver, h):
+    """y(3) from y(0) = 1 by constant steps h (traced: one program for every h)."""
+    sol = diffrax.diffeqsolve(
+        term, solver, 0.0, 3.0, h, jnp.asarray(1.0),
+        stepsize_controller=diffrax.ConstantStepSize(), max_steps=3 * 16,
+    )  # fmt: skip
+    return sol.ys[-1]
+
+
 @pytest.mark.parametrize("frozen", [True, False])
 def test_frozen_time_keeps_rk4_order_on_a_piecewise_constant_field(frozen):
     term, exact = _scalar_problem([1.0, -2.0, 0.5])
     errors = []
-    for h in (1 / 4, 1 / 8, 1 / 16):
+    for h in (1 / 4, 1 / 8, 1 / 16):  # binary fractions: the steps land on the jumps exactly
         solver = S.FrozenTime(S.RK4(), jump_ts=(1.0, 2.0)) if frozen else S.RK4()
-        ts = jnp.asarray(np.linspace(0.0, 3.0, round(3 / h) + 1))
-        sol = diffrax.diffeqsolve(
-            term, solver, 0.0, 3.0, None, jnp.asarray(1.0),
-            stepsize_controller=diffrax.StepTo(ts=ts), max_steps=len(ts),
-        )  # fmt: skip
-        errors.append(abs(float(sol.ys[-1]) - exact))
+        y = _scalar_constant_steps(term, solver, jnp.asarray(h))
+        errors.append(abs(float(y) - exact))
     rates = np.log2(np.asarray(errors[:-1]) / np.asarray(errors[1:]))
     if frozen:
         assert np.all(rates > 3.7), (errors, rates)
