@@ -65,9 +65,19 @@ def _build(family):
 FAMILIES = ("gpt2", "llama", "mistral", "neox")
 
 
+class _Models(dict):
+    """family -> (transformers model, converted model, its layers), each built on first use
+    (the default tier uses GPT-2 and Llama only)."""
+
+    def __missing__(self, family):
+        assert family in FAMILIES, family
+        self[family] = _build(family)
+        return self[family]
+
+
 @pytest.fixture(scope="module")
 def models():
-    return {f: _build(f) for f in FAMILIES}
+    return _Models()
 
 
 # one compilation per model structure and window length
