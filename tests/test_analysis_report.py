@@ -1,10 +1,9 @@
-"""`itde.analysis.analyze` and `itde analyze`: every quantity against depth, checked against
-references computed another way (numpy on the states of `TransformerIDE.trajectory`, numpy
-eigenvalues of the weights, dense `jax.jacrev` Jacobians and their SVDs), and the command
-line on a Hugging Face directory (on a random model of a solve config:
-test_analysis_finishes.py; on a trained checkpoint: test_commands.py)."""
-
-import json
+"""`itde.analysis.analyze`: every quantity against depth, checked against references
+computed another way (numpy on the states of `TransformerIDE.trajectory`, numpy
+eigenvalues of the weights, dense `jax.jacrev` Jacobians and their SVDs), and the refusals
+of `itde analyze`. The command runs to completion on a random model of a solve config in
+test_analysis_finishes.py, on a trained checkpoint in test_commands.py and on a Hugging
+Face directory in test_model_study.py."""
 
 import diffrax
 import jax
@@ -163,30 +162,3 @@ def test_figure_has_one_panel_per_quantity_with_the_layers_marked(network):
 def test_cli_analyze_refuses_bad_arguments(tmp_path, capsys, argv, said):
     assert main(["analyze", "--out", str(tmp_path / "x"), "--no-lyapunov", *argv]) == 2
     assert said in capsys.readouterr().err
-
-
-@pytest.mark.runs("analyze --hf")
-def test_cli_analyze_a_hugging_face_directory_reads_the_network(tmp_path, capsys):
-    """`--hf`: the converted network itself (not its continuum form): the spectra are those
-    of the checkpoint's own query and key weights."""
-    from test_model_study import _hf_dir
-    from transformers import BertModel
-
-    directory, text = _hf_dir(tmp_path)
-    out = tmp_path / "an"
-    argv = ["analyze", "--hf", str(directory), "--text", str(text), "--inputs", "3",
-            "--no-lyapunov", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    assert "BertModel" in capsys.readouterr().out
-    r = json.loads((out / "analysis.json").read_text())
-    assert r["inputs"] == 3 and r["heads"] == 2 and r["depths"] == [0.0, 1.0, 2.0]
-    bert = BertModel.from_pretrained(directory)
-    for n, layer in enumerate(bert.encoder.layer):
-        wq = layer.attention.self.query.weight.detach().double().numpy()  # [out, in]
-        wk = layer.attention.self.key.weight.detach().double().numpy()
-        for h in range(2):
-            rows = slice(4 * h, 4 * h + 4)
-            qk = wq[rows].T @ wk[rows]  # W^Q_h W^K_h^T, features x features
-            assert r["spectra"]["qk_max_abs_eigenvalue"][n][h] == pytest.approx(
-                np.abs(np.linalg.eigvals(qk)).max(), rel=1e-9
-            )

@@ -10,10 +10,10 @@ with `@pytest.mark.runs(...)` (and fails if it did not run them); the first test
 fails when a command, a new `--axis`, a new task or a README block has no such test, or
 only a slow one.
 
-The tiny runs of the grid studies and of the `textlm` task live here; the other commands
-run in the tests of their own features (`test_cli.py`, `test_model_study.py`,
-`test_analysis_report.py`, `test_train_cli.py`, `test_train_hardening.py`,
-`test_readme.py`).
+The tiny runs of the grid studies and of the `textlm` task (with the commands that read
+its checkpoint) live here; the other commands run in the tests of their own features
+(`test_cli.py`, `test_model_study.py`, `test_analysis_finishes.py`, `test_train_cli.py`,
+`test_train_hardening.py`, `test_readme.py`).
 """
 
 import json
@@ -159,11 +159,12 @@ def test_converge_all_axes_at_tiny_size(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------ the textlm task
-@pytest.mark.runs("train textlm", "eval", "analyze --checkpoint")
-def test_textlm_train_eval_and_analyze_at_tiny_size(tmp_path, capsys):
+@pytest.mark.runs("train textlm", "eval", "analyze --checkpoint", "converge --checkpoint")
+def test_textlm_train_eval_analyze_and_study_at_tiny_size(tmp_path, capsys):
     """`itde train` on the textlm task (characters of the built-in text, encoded into a
-    cache), `itde eval` of its checkpoint (the cached split re-read and checked) and
-    `itde analyze --checkpoint` of it."""
+    cache), `itde eval` of its checkpoint (the cached split re-read and checked),
+    `itde analyze --checkpoint` of it and its depth study, `itde converge --checkpoint`
+    (one training run for the four commands)."""
     cfg = tmp_path / "textlm.toml"
     cfg.write_text(
         f'[task]\nname = "textlm"\ncontext = 8\neval_size = 4\ncache_dir = "{tmp_path / "c"}"\n'
@@ -186,3 +187,21 @@ def test_textlm_train_eval_and_analyze_at_tiny_size(tmp_path, capsys):
     report = json.loads((out / "analysis.json").read_text())
     assert report["inputs"] == 2 and report["tokens"] == 8 and report["depths"] == [0.0, 1.0]
     assert "textlm model, step 2" in capsys.readouterr().out
+    # the depth study of the trained model (the study itself: test_model_study.py)
+    out = tmp_path / "study"
+    argv = ["converge", "--checkpoint", str(run), "--inputs", "3", "--steps", "1", "2",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "from the continuum limit" in printed and "textlm model" in printed
+    r = json.loads((out / "convergence_model.json").read_text())
+    assert r["model"]["continuum_form"] and r["model"]["batch"] == 3
+    assert [row["scheme"] for row in r["results"]] == ["lie", "strang", "rk4"]
+    assert r["results"][0]["dt"] == [1.0, 0.5]
+    # Lie at one step per layer is the trained network itself (in its continuum form)
+    assert r["results"][0]["errors"][0] == pytest.approx(r["network"]["distance_to_limit"])
+    assert (out / "convergence_model.png").stat().st_size > 0
+    assert main(["converge", "--checkpoint", str(run), "--axis", "depth"]) == 2
+    assert "--axis" in capsys.readouterr().err
+    assert main(["converge", "--checkpoint", str(run), "--inputs", "0"]) == 2
+    assert "`--inputs`=0 must be a positive number" in capsys.readouterr().err

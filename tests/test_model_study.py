@@ -1,6 +1,7 @@
 """The depth study of a given model (`itde.studies.model_depth_study`, `itde converge
 --checkpoint / --hf`): observed orders on a converted network, the network's distance to
-its limit, and the command line on a trained checkpoint and a Hugging Face directory."""
+its limit, and the command line on a Hugging Face directory, which `itde analyze --hf`
+reads too (on a trained checkpoint: test_commands.py, after its textlm run)."""
 
 import json
 
@@ -33,9 +34,7 @@ def test_study_of_a_converted_network():
     m = itde.from_torch(enc)
     u0 = jax.random.normal(jax.random.key(0), (3, 5, 8), jnp.float64)
     mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], bool)
-    r = model_depth_study(
-        m, u0, mask=mask, steps=(2, 4, 8, 16), keep_outputs=True, progress=False
-    )
+    r = model_depth_study(m, u0, mask=mask, steps=(2, 4, 8, 16), keep_outputs=True, progress=False)
     orders = {row["scheme"]: row["observed_order"] for row in r["results"]}
     assert 0.85 < orders["lie"] < 1.2 and orders["strang"] > 1.8 and orders["rk4"] > 3.6, orders
     assert r["model"]["continuum_form"] and r["reference"]["self_error"] < 1e-9
@@ -76,55 +75,6 @@ def test_study_refuses_bad_arguments():
         model_depth_study(object(), u0, progress=False)
 
 
-SORT = """
-[task]
-name = "sort"
-length = 4
-vocab = 5
-eval_size = 4
-[model]
-n_layers = 2
-n_features = 8
-n_heads = 2
-n_hidden = 8
-activation = "gelu"
-[optim]
-steps = 2
-batch_size = 4
-warmup = 0
-[run]
-log_every = 1
-eval_every = 2
-checkpoint_every = 2
-"""
-
-
-@pytest.mark.runs("train sort", "converge --checkpoint")
-def test_cli_studies_a_trained_checkpoint(tmp_path, capsys):
-    cfg = tmp_path / "sort.toml"
-    cfg.write_text(SORT)
-    run = tmp_path / "run"
-    assert main(["train", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
-    capsys.readouterr()
-    out = tmp_path / "study"
-    argv = ["converge", "--checkpoint", str(run), "--inputs", "3", "--steps", "1", "2",
-            "--out", str(out), "--no-progress"]  # fmt: skip
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "from the continuum limit" in printed and "sort model" in printed
-    r = json.loads((out / "convergence_model.json").read_text())
-    assert r["model"]["continuum_form"] and r["model"]["batch"] == 3
-    assert [row["scheme"] for row in r["results"]] == ["lie", "strang", "rk4"]
-    assert r["results"][0]["dt"] == [1.0, 0.5]
-    # Lie at one step per layer is the trained network itself (in its continuum form)
-    assert r["results"][0]["errors"][0] == pytest.approx(r["network"]["distance_to_limit"])
-    assert (out / "convergence_model.png").stat().st_size > 0
-    assert main(["converge", "--checkpoint", str(run), "--axis", "depth"]) == 2
-    assert "--axis" in capsys.readouterr().err
-    assert main(["converge", "--checkpoint", str(run), "--inputs", "0"]) == 2
-    assert "`--inputs`=0 must be a positive number" in capsys.readouterr().err
-
-
 def _hf_dir(tmp_path):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "river", "is", "a", "clock",
              "that", "nobody", "wound", "it", "keeps", "time"]  # fmt: skip
@@ -146,8 +96,13 @@ def _hf_dir(tmp_path):
     return tmp_path / "bert", text
 
 
-@pytest.mark.runs("converge --hf")
-def test_cli_studies_a_hugging_face_directory(tmp_path, capsys):
+@pytest.mark.runs("converge --hf", "analyze --hf")
+def test_cli_studies_and_analyzes_a_hugging_face_directory(tmp_path, capsys):
+    """`converge --hf` and `analyze --hf` of one directory (one conversion's programs for
+    both). `analyze --hf` reads the converted network itself (not its continuum form): the
+    spectra are those of the checkpoint's own query and key weights."""
+    from transformers import BertModel
+
     directory, text = _hf_dir(tmp_path)
     out = tmp_path / "study"
     argv = ["converge", "--hf", str(directory), "--text", str(text), "--inputs", "3",
@@ -161,3 +116,21 @@ def test_cli_studies_a_hugging_face_directory(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
     assert main([*argv[:5], "--inputs", "9", "--out", str(out)]) == 2
     assert "fewer than `--inputs`=9" in capsys.readouterr().err
+
+    out = tmp_path / "an"
+    argv = ["analyze", "--hf", str(directory), "--text", str(text), "--inputs", "3",
+            "--no-lyapunov", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "BertModel" in capsys.readouterr().out
+    r = json.loads((out / "analysis.json").read_text())
+    assert r["inputs"] == 3 and r["heads"] == 2 and r["depths"] == [0.0, 1.0, 2.0]
+    bert = BertModel.from_pretrained(directory)
+    for n, layer in enumerate(bert.encoder.layer):
+        wq = layer.attention.self.query.weight.detach().double().numpy()  # [out, in]
+        wk = layer.attention.self.key.weight.detach().double().numpy()
+        for h in range(2):
+            rows = slice(4 * h, 4 * h + 4)
+            qk = wq[rows].T @ wk[rows]  # W^Q_h W^K_h^T, features x features
+            assert r["spectra"]["qk_max_abs_eigenvalue"][n][h] == pytest.approx(
+                np.abs(np.linalg.eigvals(qk)).max(), rel=1e-9
+            )
