@@ -182,22 +182,23 @@ def test_flow_maps_compose_forward_every_scheme(encoder, name, dt):
 def _backward_map(model, solver, dt):
     """u(a) from u(c), c > a, by `diffrax.diffeqsolve` run from c down to a on the layer
     grid: the model's terms, the solver wrapped in `FrozenTime` with the model's jumps (as
-    `itde.solve` wraps it forward). One compilation per interval length."""
+    `itde.solve` wraps it forward). Constant steps of -dt from c (dt divides the layers:
+    every step lands on the grid), c and a traced: one compilation for every interval."""
     jumps = model.controls.jump_times()
     frozen = S.FrozenTime(solver, jumps)
     # a pre-norm model's "paper" and "split" sub-flows are the same two fields
     terms = model.terms("split" if isinstance(solver, S.AbstractSplittingSolver) else "tangent")
 
     @jax.jit
-    def run(ts, u):
+    def run(c, a, u):
         sol = diffrax.diffeqsolve(
-            terms, frozen, ts[0], ts[-1], None, u, stepsize_controller=diffrax.StepTo(ts=ts),
-            max_steps=ts.shape[0] - 1,
+            terms, frozen, c, a, -dt, u, stepsize_controller=diffrax.ConstantStepSize(),
+            max_steps=round(LAYERS / dt),
         )  # fmt: skip
         return sol.ys[-1]
 
     def backward(c, a):
-        return lambda u: run(jnp.linspace(c, a, round((c - a) / dt) + 1), u)
+        return lambda u: run(jnp.asarray(float(c)), jnp.asarray(float(a)), u)
 
     return backward
 
