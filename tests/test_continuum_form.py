@@ -9,6 +9,7 @@ independent method of order 5) and the observed orders of the others against it.
 import warnings
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +32,20 @@ def _errors(model, u0, solver, steps, ref):
         float(jnp.max(jnp.abs(itde.solve(model, u0, solver=solver, dt0=h).ys[-1] - ref)))
         for h in steps
     ]
+
+
+@eqx.filter_jit
+def _constant_steps(model, u0, solver, h):
+    """u(T) by constant steps h, a traced value: one program serves every step size (each
+    h a binary fraction of the layers, so the steps land on every boundary)."""
+    return itde.solve(model, u0, solver=solver, dt0=h, max_steps=4 * 64,
+                      stepsize_controller=diffrax.ConstantStepSize()).ys[-1]  # fmt: skip
+
+
+def _constant_step_errors(model, u0, solver, steps, ref):
+    """`_errors` with the step sizes in one compiled program."""
+    return [float(jnp.max(jnp.abs(_constant_steps(model, u0, solver, jnp.asarray(h)) - ref)))
+            for h in steps]  # fmt: skip
 
 
 def _encoder(eps, seed=0, layers=3, norm_first=False):
@@ -103,7 +118,7 @@ def test_post_norm_rms_model_is_exact_in_continuum_form():
     assert cf.readout.shift is None and cf.controls.blocks.affine1.shift is None
     assert float(jnp.max(jnp.abs(cf(x) - m(x)))) < 1e-12
     ref = itde.solve(cf, x, solver=S.Projected(diffrax.Tsit5()), dt0=1 / 64).ys[-1]
-    errors = _errors(cf, x, S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16), ref)
+    errors = _constant_step_errors(cf, x, S.Projected(S.RK4()), (1 / 4, 1 / 8, 1 / 16), ref)
     assert np.all(_rates(errors) > 3.6), errors
 
 
@@ -150,19 +165,23 @@ def test_the_network_refined_is_another_network_and_says_so():
     with pytest.warns(itde.DepthStepWarning, match="continuum_form"):
         half = itde.solve(m, u0, dt0=0.5).ys[-1]
     assert float(jnp.max(jnp.abs(half - y))) > 0.1  # what the warning is about
-    for kwargs in (
-        dict(stepsize_controller=diffrax.StepTo(ts=jnp.linspace(0.0, 3.0, 13))),
-        dict(dt0=0.5, stepsize_controller=diffrax.ConstantStepSize()),
-    ):
-        with pytest.warns(itde.DepthStepWarning):
-            itde.solve(m, u0, **kwargs)
+    # the warning is given before the solve runs: as an error it stops the solve (no
+    # compile), and the solves that must not warn are traced only (`jax.eval_shape`)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", itde.DepthStepWarning)
+        for kwargs in (
+            dict(stepsize_controller=diffrax.StepTo(ts=jnp.linspace(0.0, 3.0, 13))),
+            dict(dt0=0.5, stepsize_controller=diffrax.ConstantStepSize()),
+        ):
+            with pytest.raises(itde.DepthStepWarning, match="continuum_form"):
+                itde.solve(m, u0, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         itde.solve(m, u0)  # one step per layer: the network itself
         itde.solve(m, u0, stepsize_controller=diffrax.StepTo(ts=jnp.arange(4.0)))
-        itde.solve(m.continuum_form(), u0, dt0=0.5)  # a refinement
-        pre = itde.from_torch(_encoder(1e-5, norm_first=True)[0])
-        itde.solve(pre, u0, dt0=0.5)  # pre-norm: norms inside the operators
+        cf, pre = m.continuum_form(), itde.from_torch(_encoder(1e-5, norm_first=True)[0])
+        jax.eval_shape(lambda u: itde.solve(cf, u, dt0=0.5).ys, u0)  # a refinement
+        jax.eval_shape(lambda u: itde.solve(pre, u, dt0=0.5).ys, u0)  # pre-norm: norms inside
     with pytest.raises(ValueError, match="continuum_form"):
         itde.solve(m, u0, solver=S.Strang(), dt0=0.5)
 
