@@ -65,9 +65,19 @@ def _build(family, positions=POSITIONS, layers=2):
     return model, itde.from_hf(model)
 
 
+class _Models(dict):
+    """family -> (transformers model, converted model), each built on first use (the
+    default tier uses GPT-2 and Llama only)."""
+
+    def __missing__(self, family):
+        assert family in FAMILIES, family
+        self[family] = _build(family)
+        return self[family]
+
+
 @pytest.fixture(scope="module")
 def models():
-    return {f: _build(f) for f in FAMILIES}
+    return _Models()
 
 
 def _prompt(n, seed=0):
