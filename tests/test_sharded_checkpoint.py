@@ -195,7 +195,10 @@ DEFAULT = COMMON + textwrap.dedent(
 def _run(script: str, timeout: int):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        # the suite's compile flags (tests/conftest.py: LLVM's optimisation off, about half
+        # the compile time; the comparisons are within the process), and 8 devices
+        XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                            "--xla_force_host_platform_device_count=8"]).strip(),
         JAX_PLATFORMS="cpu",
         MPLBACKEND="Agg",
         PYTHONPATH=os.pathsep.join(
