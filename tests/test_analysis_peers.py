@@ -9,6 +9,8 @@ autograd), never through itde.
 Also: the exact and Tong's token exponents differ, in sign and in ranking. (`itde analyze
 --exponent tong` runs in test_analysis_finishes.py, with the programs of its other runs.)"""
 
+import contextlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -82,14 +84,29 @@ def qkvflow_lyapunov(field, trajectory, dt, output_index):
     n, d = trajectory[0].shape
     q = torch.eye(d, dtype=torch.float64).repeat(n, 1, 1)  # q0: the identity per token
     lambdas = []
-    for t, x in enumerate(trajectory):
-        J = torch.autograd.functional.jacobian(lambda y: field(t, y)[output_index], x)
-        J = J.permute(1, 0, 2)  # "n k m -> k n m": [token, out feature, in feature]
-        tangent = J @ q
-        q = q + tangent * dt
-        q, r = torch.linalg.qr(q)
-        lambdas.append(torch.log(torch.abs(torch.diagonal(r, dim1=-2, dim2=-1))))
+    with one_torch_thread():
+        for t, x in enumerate(trajectory):
+            J = torch.autograd.functional.jacobian(lambda y: field(t, y)[output_index], x)
+            J = J.permute(1, 0, 2)  # "n k m -> k n m": [token, out feature, in feature]
+            tangent = J @ q
+            q = q + tangent * dt
+            q, r = torch.linalg.qr(q)
+            lambdas.append(torch.log(torch.abs(torch.diagonal(r, dim1=-2, dim2=-1))))
     return torch.stack(lambdas).numpy()
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch on one thread: the port's many ops on 8 x 8 tensors are several times slower
+    on two threads of a loaded 2-core machine (the threads synchronise on every op)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

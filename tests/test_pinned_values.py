@@ -197,19 +197,24 @@ def test_model_study_reports_its_references_own_error():
     assert self_error > 1e-7  # far above round-off: a value of 0 would fail
 
     exact = []
-    for x in u0:
-        u = x.reshape(-1)
-        for lay in enc.layers:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~1000 evaluations on 4 x 8 tensors: 17 s on two threads, 0.4 s
+    try:  # on one (a loaded 2-core machine; the threads synchronise on every small op)
+        for x in u0:
+            u = x.reshape(-1)
+            for lay in enc.layers:
 
-            def field(t, y, lay=lay):
-                v = torch.as_tensor(y.reshape(1, n, d))
-                with torch.no_grad():
-                    out = lay._sa_block(lay.norm1(v), None, None) + lay._ff_block(lay.norm2(v))
-                return out.numpy().reshape(-1)
+                def field(t, y, lay=lay):
+                    v = torch.as_tensor(y.reshape(1, n, d))
+                    with torch.no_grad():
+                        out = lay._sa_block(lay.norm1(v), None, None) + lay._ff_block(lay.norm2(v))
+                    return out.numpy().reshape(-1)
 
-            sol = solve_ivp(field, (0.0, 1.0), u, method="DOP853", rtol=1e-13, atol=1e-13)
-            u = sol.y[:, -1]
-        exact.append(u.reshape(n, d))
+                sol = solve_ivp(field, (0.0, 1.0), u, method="DOP853", rtol=1e-13, atol=1e-13)
+                u = sol.y[:, -1]
+            exact.append(u.reshape(n, d))
+    finally:
+        torch.set_num_threads(threads)
     exact = np.stack(exact)
     coarse_error = np.linalg.norm(coarse - exact) / np.linalg.norm(exact)
     assert r["reference"]["self_error"] == pytest.approx(coarse_error, rel=2e-2)
