@@ -274,11 +274,14 @@ def test_a_token_convergence_study_compiles_per_bucket_not_per_count():
         cfg.study, axis="tokens", rules=("trapezoid",), nodes=(5, 6, 7), reference_nodes=9,
         layers=1, modes=3,
     )  # fmt: skip
-    itde.programs.clear()  # counted from empty (shared with the other tests of a process)
+    # counted as a difference (4 from nothing; fewer where a test of this process compiled
+    # the same study), not from an emptied cache: emptying it would make every later test
+    # of the process compile its programs again
+    before = itde.programs.compiled
     res = run_grid_study(dataclasses.replace(cfg, study=study), "tokens", progress=False)
     assert [r["scheme"] for r in res["results"]] == ["trapezoid", "causal-trapezoid"]
     assert all(np.all(np.isfinite(r["errors"])) for r in res["results"])
-    assert itde.programs.compiled == 4, itde.programs
+    assert itde.programs.compiled - before <= 4, itde.programs
 
 
 def test_an_analysis_solves_its_inputs_padded():
