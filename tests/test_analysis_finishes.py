@@ -8,9 +8,11 @@ Compiled programs are shared: the library's model is the random model of the com
 config (`_config_problem`, as `itde analyze --config` builds it) and the library calls
 pass the command's depth integrator (Lie, one step per layer), so the commands and the
 library calls of this module compile the solve, the geometry, the spectra and the
-exponents' power iterations once (the library's default integrator is checked in
-test_analysis_report.py). `max_iters` and `rtol` are traced: one iteration and 300 share
-the programs."""
+exponents' power iterations once (test_analysis_report.py reports on the same model, with
+the same programs). `max_iters` and `rtol` are traced: one iteration and 300 share the
+programs. The library's default integrator (`solver=None`) is what FlowMap and
+`lyapunov_spectrum` default to (test_analysis_sensitivity.py); `analyze` runs with it in
+test_analysis_estimate.py and, with the exponents, in the slow test below."""
 
 import json
 import math
