@@ -21,6 +21,17 @@ import itde
 import itde_solvers as S
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The torch references here compute on tiny tensors: one torch thread (on a loaded
+    2-core machine two threads synchronise on every small op, many times slower), the
+    thread count restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _rates(errors):
     e = np.asarray(errors)
     return np.log2(e[:-1] / e[1:])

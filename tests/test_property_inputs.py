@@ -41,6 +41,18 @@ from hypothesis import strategies as st
 import itde
 from itde._operators._blocked import key_block_plan
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The torch references here compute on tiny tensors: one torch thread (on a loaded
+    2-core machine two threads synchronise on every small op, many times slower), the
+    thread count restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 N_MAX = 4096  # the pure decisions are checked at every N from 1 to N_MAX
 EVERY_N = range(1, N_MAX + 1)
 # Each check builds the library's objects at N (equinox modules, a band of N entries), some
@@ -435,6 +447,8 @@ def _check_family(family, case):
 # there) for every causal family, float32, every padding pattern and the largest head
 # count; the slow twins (`*_drawn`) draw the profile's count of inputs besides the examples.
 EXPLICIT = settings(phases=[Phase.explicit])
+
+
 @EXPLICIT
 @given(case=inputs())
 @example(case=_case(49, ("none", 0), ("left", 5)))
@@ -592,8 +606,12 @@ def _numpy_encoder(enc, x, keep, causal, gelu):
 @EXPLICIT
 @given(case=inputs(), causal=st.booleans(), pre=st.booleans(), gelu=st.booleans())
 @example(case=_case(49, ("left", 3), ("none", 0)), causal=True, pre=False, gelu=False)
-@example(case=_case(20, ("all_but_one", 7), ("right", 4), dtype="float32", heads=4),
-         causal=False, pre=True, gelu=True)
+@example(
+    case=_case(20, ("all_but_one", 7), ("right", 4), dtype="float32", heads=4),
+    causal=False,
+    pre=True,
+    gelu=True,
+)
 def test_native_models_equal_a_numpy_loop(case, causal, pre, gelu):
     """`itde.from_torch` of a post- or pre-norm encoder, causal or bidirectional, on the
     unit grid (a native `TransformerIDE`) against the same network written out in NumPy."""

@@ -197,8 +197,9 @@ def _run(script: str, timeout: int):
     env.update(
         # the suite's compile flags (tests/conftest.py: LLVM's optimisation off, about half
         # the compile time; the comparisons are within the process), and 8 devices
-        XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
-                            "--xla_force_host_platform_device_count=8"]).strip(),
+        XLA_FLAGS=" ".join(
+            [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
+        ).strip(),
         JAX_PLATFORMS="cpu",
         MPLBACKEND="Agg",
         PYTHONPATH=os.pathsep.join(
