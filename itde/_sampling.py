@@ -186,15 +186,24 @@ class IncrementalDecoder:
 
     - `decode`: token ids (a list of ints) -> text.
     - `context`: ids that come before the ones pushed (a prompt); their text is not given
-      out, but the text after them is decoded in their context.
+      out, but the text after them is decoded in their context. A character the context
+      ends inside (the first bytes of an emoji) is given out, whole, by the push that
+      completes it: the pieces join into `decode(context + pushed)` minus the context's
+      text up to that character.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], context: Iterable[int] = ()):
         self._decode = decode
         self._ids = [int(i) for i in context]
+        text = decode(self._ids) if self._ids else ""
+        whole = len(text.rstrip(_REPLACEMENT))
         self._start = 0  # the window is ids[_start:]
-        self._clean = len(self._ids)  # ids[:_clean] ends on a whole character, all given out
-        self._said = len(decode(self._ids)) if self._ids else 0  # characters of the window out
+        # ids[:_clean] ends on a whole character, all given out; a context that ends inside
+        # a character has none known but the start
+        self._clean = len(self._ids) if whole == len(text) else 0
+        # characters of the window out: the context's whole ones (its incomplete tail is
+        # given out with the push that completes it)
+        self._said = whole
 
     def push(self, ids: Sequence[int] | np.ndarray) -> str:
         """The new text that `ids`, appended, make whole ("" while it is incomplete)."""

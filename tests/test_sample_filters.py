@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers as tf
 from helpers import spread_hf_weights
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import (
@@ -248,6 +248,57 @@ def test_stream_joins_into_the_full_decode_of_any_tokens(byte_tokenizer, ids, cu
     pieces = [d.push(ids[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     assert "".join([*pieces, d.flush()]) == tok.decode(ids)
     assert not any(p.endswith(REPLACEMENT) for p in pieces)  # the tail waits for the flush
+
+
+def _utf8(ids):
+    """A byte-per-token decoder: UTF-8 with U+FFFD for what is not a whole character."""
+    return bytes(ids).decode("utf-8", "replace")
+
+
+def _after_context(decode, context, pushes):
+    """The pieces of `pushes` after `context`, and what they must join into: the full
+    decode minus the context's text up to a character it ends inside."""
+    d = IncrementalDecoder(decode, context)
+    joined = "".join([d.push(p) for p in pushes] + [d.flush()])
+    full, own = decode(context + [i for p in pushes for i in p]), decode(context)
+    complete = own.rstrip(REPLACEMENT)
+    assert full.startswith(complete)
+    return joined, full[len(complete):]
+
+
+@hsettings(max_examples=40)
+@example(text="hi 😀 ok", cut=4, cuts=[])  # the context ends after 1 byte of 4: " ok" was out
+@example(text="hi 😀 ok", cut=5, cuts=[])  # after 2 of 4
+@example(text="hi 😀 ok", cut=6, cuts=[7, 8])
+@example(text="é中🙂", cut=1, cuts=list(range(9)))  # byte by byte after half an "é"
+@given(text=st.text(st.characters(codec="utf-8"), max_size=10), cut=st.integers(0, 40),
+       cuts=st.lists(st.integers(0, 40), max_size=6))  # fmt: skip
+def test_a_context_that_ends_inside_a_character(text, cut, cuts):
+    """A context that ends inside a multi-byte character, at any byte, then the rest
+    pushed in any pieces: the pieces join into the full decode minus the context's whole
+    characters, the split character given out whole (it was never given out)."""
+    ids = list(text.encode())
+    cut = min(cut, len(ids))
+    bounds = sorted({min(max(c, cut), len(ids)) for c in cuts} | {cut, len(ids)})
+    pushes = [ids[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    joined, expected = _after_context(_utf8, ids[:cut], pushes)
+    assert joined == expected == text[len(_utf8(ids[:cut]).rstrip(REPLACEMENT)):]
+
+
+def test_a_context_split_at_every_token_of_a_byte_level_bpe(byte_tokenizer):
+    """The byte-level BPE's ids of the sample text, the context cut at every token (the
+    characters split between tokens among the cuts), the rest pushed token by token and
+    at once: the pieces join into the text after the context's whole characters."""
+    _, tok = byte_tokenizer
+    ids = tok.encode(SAMPLE_TEXT).ids
+    split = 0
+    for cut in range(len(ids) + 1):
+        own = tok.decode(ids[:cut])
+        split += own.endswith(REPLACEMENT)
+        rest = SAMPLE_TEXT[len(own.rstrip(REPLACEMENT)):]
+        for pushes in ([[i] for i in ids[cut:]], [ids[cut:]]):
+            assert _after_context(_decode(tok), ids[:cut], pushes) == (rest, rest), cut
+    assert split >= 4  # contexts that end inside a character
 
 
 # ---------------------------------------------------------------- the sampler's loop
