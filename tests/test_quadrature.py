@@ -1,4 +1,5 @@
 import math
+from fractions import Fraction
 
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +81,30 @@ def test_unit_midpoint_is_the_standard_transformer():
     x, w = itde.Midpoint().nodes_weights(7)
     assert np.all(w == 1.0) and np.allclose(x, np.arange(7) + 0.5)
     assert itde.Midpoint().is_unit(7) and not itde.Trapezoid().is_unit(7)
+
+
+@pytest.mark.parametrize("cls", [itde.Midpoint, itde.PeriodicTrapezoid], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "interval, n, unit",
+    [
+        ((0.1, 4.1), 4, True),  # 4 long as written; 4.1 - 0.1 is 3.9999999999999996
+        ((0.1, 4.1), 5, False),
+        ((Fraction(1, 3), Fraction(13, 3)), 4, True),  # ends no float holds
+        ((np.float32(0.1), np.float32(4.1)), 4, True),  # written as float32
+        ((-2.5, 1.5), 4, True), ((3, 5), 2, True), (None, 7, True),
+        ((0.0, 4.000000000000001), 4, False),  # the float after 4
+        ((0.1, 4.1000000000000005), 4, False),  # the float after 4.1
+    ],
+)  # fmt: skip
+def test_unit_grid_is_decided_from_the_ends_as_written(cls, interval, n, unit):
+    """Every weight is (b - a)/N: 1 exactly when b - a = N for the ends as given (a float
+    read as the decimal it was written as), whatever b - a rounds to in floating point;
+    then the causal sum is the Transformer's masked sum, not the Volterra weights."""
+    rule = cls(interval=interval)
+    assert rule.is_unit(n) is unit
+    assert (rule.causal_weights(n) is None) is unit
+    if unit:
+        assert np.array_equal(rule.nodes_weights(n)[1], np.ones(n))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import math
+from decimal import Decimal
+from fractions import Fraction
 from typing import ClassVar
 
 import equinox as eqx
@@ -41,6 +43,20 @@ def _check_interval(name: str, interval) -> tuple[float, float] | None:
     return (a, b)
 
 
+def _exact(v) -> Fraction:
+    """The number `v` as given, exactly: an integer, a `Fraction` or a `Decimal` as it is; a
+    float (Python's, NumPy's of any width, a 0-d array) as the shortest decimal that reads
+    back as it, i.e. as it was written (`0.1` is 1/10, not the binary float nearest it)."""
+    if isinstance(v, (Fraction, Decimal)):
+        return Fraction(v)
+    x = np.asarray(v)[()]
+    if isinstance(x, (np.integer, np.bool_)):
+        return Fraction(int(x))
+    if isinstance(x, np.floating):
+        return Fraction(str(x))  # NumPy's shortest round-trip repr for x's own width
+    return Fraction(repr(float(v)))
+
+
 class AbstractQuadrature(AbstractTokenDomain):
     r"""A quadrature rule on an interval $[a, b]$, for any number of nodes.
 
@@ -50,18 +66,29 @@ class AbstractQuadrature(AbstractTokenDomain):
 
     **Fields:** `interval`: the domain $[a, b]$ of the rule as a pair of floats `(a, b)`,
     $b > a$, on which the nodes lie and whose length the weights sum to; or None for
-    $[0, N]$ (then the interval grows with the number of nodes, at fixed spacing).
+    $[0, N]$ (then the interval grows with the number of nodes, at fixed spacing). The ends
+    as given (an integer, a `Fraction`, a float as the decimal it was written as) are kept
+    exactly beside it, for [`is_unit`][itde.AbstractQuadrature.is_unit].
     """
 
     interval: tuple[float, float] | None = eqx.field(default=None, static=True)
+    # the ends as given, exactly (see `_exact`): what `is_unit` decides from
+    _exact_interval: tuple[Fraction, Fraction] | None = eqx.field(
+        default=None, static=True, init=False, repr=False
+    )
 
     name: ClassVar[str] = "abstract"
     order: ClassVar[float] = 0.0  # global order for smooth integrands; inf = geometric
     min_nodes: ClassVar[int] = 1
 
     def __post_init__(self):
-        # store the checked pair of floats, not whatever was given (e.g. the string "01")
-        object.__setattr__(self, "interval", _check_interval(type(self).__name__, self.interval))
+        # store the checked pair of floats, not whatever was given (e.g. the string "01"),
+        # and beside it the pair as given, exactly
+        given = self.interval
+        checked = _check_interval(type(self).__name__, given)
+        object.__setattr__(self, "interval", checked)
+        exact = None if given is None else tuple(_exact(v) for v in given)
+        object.__setattr__(self, "_exact_interval", exact)
 
     def bounds(self, n: int) -> tuple[float, float]:
         if self.interval is None:
@@ -152,10 +179,16 @@ class AbstractQuadrature(AbstractTokenDomain):
         """True when every weight is 1 (the standard Transformer's grid): the rule's weights
         are all equal ([`uniform_weights`][itde.AbstractQuadrature.uniform_weights]) and
         the interval is $N$ long ($[0, N]$ for `interval=None`), so each is $N/N = 1$.
-        Decided by what the rule is, never by comparing computed weights with 1."""
-        # exact: the length b - a of the numbers given (n itself for interval=None), against
-        # the integer n; never a computed weight
-        return self.uniform_weights(n) and self.length(n) == n
+        Decided by what the rule is, never by comparing computed numbers: the length is
+        $b - a$ in exact rational arithmetic of the ends as given (an integer or a
+        `Fraction` as it is, a float as the decimal it was written as: `(0.1, 4.1)` is 4
+        long, although `4.1 - 0.1` is `3.9999999999999996` in floating point)."""
+        if not self.uniform_weights(n):
+            return False
+        if self._exact_interval is None:
+            return True  # [0, N]
+        a, b = self._exact_interval
+        return b - a == n
 
 
 class Midpoint(AbstractQuadrature):
