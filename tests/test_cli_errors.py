@@ -156,3 +156,21 @@ def test_diverging_learning_rate_is_one_line_and_exit_2(tmp_path, capsys):
     line = _one_line(capsys)
     assert line.startswith("itde train: error: training stopped at step "), line
     assert "lower `optim.lr` (now 1e+06)" in line and "the last checkpoint is kept" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["analyze", "--rtol", "-1e-6"], "`--rtol`=-1e-06 must be in [1e-15, 1)"),
+        (["analyze", "--rtol", "-INF"], "`--rtol`=-inf must be in [1e-15, 1)"),
+        (["sample", "--checkpoint", "none", "--temperature", "-2.5E-1"],
+         "`--temperature`=-0.25 must be a finite number >= 0"),
+    ],
+)  # fmt: skip
+def test_a_negative_number_in_any_notation_reaches_the_range_check(capsys, argv, said):
+    """argparse reads `-1e-6` as an option unless told otherwise ("argument --rtol:
+    expected one argument"): every float Python reads is a value, so that the command's
+    own check names the flag, the value and the range."""
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"itde {argv[0]}: error: {said}"), line

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import re
 from collections.abc import Sequence
 
 
@@ -47,6 +48,11 @@ def _nearest(word: str, names) -> str | None:
     return near[0] if near else None
 
 
+#: What argparse reads as a negative number (a value) rather than an option: any float
+#: Python's `float` reads with a minus sign, exponent, infinity and NaN included.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$|^-(inf|infinity|nan)$", re.I)
+
+
 class Parser(argparse.ArgumentParser):
     """An `ArgumentParser` whose `description` and `epilog` may be callables returning the
     text, called only when the help is formatted; paragraphs keep their line breaks.
@@ -54,11 +60,16 @@ class Parser(argparse.ArgumentParser):
     Its mistakes are those of the command they belong to: an argument a subcommand does not
     know is reported with that subcommand's usage and prefix (`itde train: error: ...`,
     not the top level's), with the nearest option it has; a value that is not one of the
-    choices (a misspelt subcommand, `--solver rk5`) names the nearest choice."""
+    choices (a misspelt subcommand, `--solver rk5`) names the nearest choice.
+
+    Every negative number is a value, not an option (`--rtol -1e-6`, `--dt -inf`): argparse
+    takes only `-1` and `-0.5` for numbers, so `-1e-6` ended in "expected one argument"
+    before the command's own range check could name the flag and the range."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER  # read by argparse's parser
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
