@@ -174,3 +174,54 @@ def test_a_negative_number_in_any_notation_reaches_the_range_check(capsys, argv,
     assert main(argv) == 2
     line = _one_line(capsys)
     assert line.startswith(f"itde {argv[0]}: error: {said}"), line
+
+
+def test_bpe_without_tokenizers_is_one_line_naming_the_package(tmp_path, capsys, monkeypatch):
+    """`tokenizer = "bpe"` where Hugging Face `tokenizers` is not installed: it was a
+    38-line traceback and exit status 1; the line names the package and its install."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` fails
+    text = tmp_path / "corpus.txt"
+    text.write_text("the river is a clock that nobody wound\n" * 20)
+    cfg = tmp_path / "bpe.toml"
+    cache = tmp_path / "cache"
+    cfg.write_text(f'[task]\nname = "textlm"\ntext_path = "{text}"\ntokenizer = "bpe"\n'
+                   f'vocab_size = 64\ncontext = 8\ncache_dir = "{cache}"\n')  # fmt: skip
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    line = _one_line(capsys)
+    assert line.startswith('itde train: error: `tokenizer = "bpe"` trains a byte-pair '
+                           "tokenizer with Hugging Face `tokenizers`, which is not installed: "
+                           "`pip install 'itde[text]'`"), line  # fmt: skip
+
+
+def test_a_missing_package_is_one_line_and_a_missing_itde_module_a_traceback(monkeypatch,
+                                                                            capsys):  # fmt: skip
+    """Any package a command imports and does not find is one line naming it and where
+    the extras are listed; a module of itde itself missing is a broken install, whose
+    traceback is kept."""
+    import argparse
+    import sys
+
+    import itde.cli._main as cli_main
+
+    def command(args):
+        if args.checkpoint == "itde":
+            raise ModuleNotFoundError("No module named 'itde._gone'", name="itde._gone")
+        import torch  # noqa: F401
+
+    def parser():
+        p = build()
+        subs = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+        subs.choices["sample"].set_defaults(func=command)
+        return p
+
+    build = cli_main.build_parser
+    monkeypatch.setattr(cli_main, "build_parser", parser)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert cli_main.main(["sample", "--checkpoint", "x"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("itde sample: error: import of torch halted"), line
+    assert "(`torch` is not installed: the README's Install section lists" in line, line
+    with pytest.raises(ModuleNotFoundError, match="itde._gone"):
+        cli_main.main(["sample", "--checkpoint", "itde"])

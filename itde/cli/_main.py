@@ -303,13 +303,26 @@ def _compilation_cache(args):
         return None
 
 
+def _missing_package(e: ModuleNotFoundError) -> str:
+    """The line for a package that is not installed: itde's own message (it names the
+    package and the install command), or Python's "No module named 'x'" with where to
+    find the extra that brings it."""
+    text = str(e)
+    if text.startswith("No module named") or "halted; None in sys.modules" in text:
+        text += (f" (`{e.name}` is not installed: the README's Install section lists the "
+                 "extra of each feature, e.g. pip install 'itde[hf]')")  # fmt: skip
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `itde` command line on `argv` (default `sys.argv[1:]`); return the exit
-    status: 0 on success, 2 for a mistake the user can fix, 130 when interrupted.
+    status: 0 on success, 2 for a mistake the user can fix (a missing optional package
+    included), 130 when interrupted.
 
     Every mistake is one line with one prefix, `itde COMMAND: error: ...`, whether argparse
     finds it (then above the command's usage), the config (a `ConfigError`: a key of the
-    file or of `--set`) or the run (an argument the message names)."""
+    file or of `--set`), the run (an argument the message names) or the environment (a
+    package the command needs, e.g. `tokenizers` for `tokenizer = "bpe"`, not installed)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     prefix = f"itde {args.command}: error:"
@@ -322,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         # a config key or an argument the user can fix (each message names it, a
         # ConfigError is a ValueError): one line, not a traceback
         print(f"{prefix} {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.partition(".")[0] in ("itde", "itde_solvers"):
+            raise  # a module of itde itself is missing: a broken install, the traceback says where
+        print(f"{prefix} {_missing_package(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C anywhere (loading, compiling, a run): one line and the shell's status 130,

@@ -88,14 +88,26 @@ class CharTokenizer(AbstractTokenizer):
         return {"kind": "char", "itos": list(self.itos)}
 
 
-def _tokenizers():
+#: What needs Hugging Face `tokenizers`, by use (the start of the error when it is missing).
+_NEEDS = {
+    "bpe": '`tokenizer = "bpe"` trains a byte-pair tokenizer with',
+    "hf": '`tokenizer = "hf:DIR"` reads the directory\'s tokenizer.json with',
+    "json": "this checkpoint's byte-pair tokenizer is read with",
+}
+
+
+def _tokenizers(need: str = "bpe"):
+    """The `tokenizers` module; a `ModuleNotFoundError` (`name` "tokenizers") saying what
+    `need`s it and how to install it when it is not installed (`itde`'s command line
+    prints that as its one line)."""
     try:
         import tokenizers
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            '`tokenizer = "bpe"` trains a byte-pair tokenizer with Hugging Face `tokenizers`, '
-            "which is not installed; `pip install 'itde[text]'` (or `pip install tokenizers`), "
-            'or use `tokenizer = "char"`.'
+    except ImportError:
+        fix = ', or use `tokenizer = "char"`' if need == "bpe" else ""
+        raise ModuleNotFoundError(
+            f"{_NEEDS[need]} Hugging Face `tokenizers`, which is not installed: "
+            f"`pip install 'itde[text]'` (or `pip install tokenizers`){fix}.",
+            name="tokenizers",
         ) from None
     return tokenizers
 
@@ -192,7 +204,7 @@ class HFTokenizer(AbstractTokenizer):
     def from_dir(cls, path, name: str = "tokenizer") -> HFTokenizer:
         """The `tokenizer.json` of the Hugging Face directory `path` (`name`: the argument
         named in an error)."""
-        return cls(_tokenizers().Tokenizer.from_file(str(cls.file(path, name))))
+        return cls(_tokenizers("hf").Tokenizer.from_file(str(cls.file(path, name))))
 
     @property
     def vocab_size(self) -> int:
@@ -225,7 +237,7 @@ def tokenizer_from_json(spec: dict) -> AbstractTokenizer:
     if kind == "char":
         return CharTokenizer(spec["itos"])
     if kind in ("bpe", "hf"):
-        tk = _tokenizers()
+        tk = _tokenizers("json")
         tok = tk.Tokenizer.from_str(json.dumps(spec["tokenizer"]))
         return BPETokenizer(tok) if kind == "bpe" else HFTokenizer(tok)
     raise ValueError(f"not a tokenizer description (kind {kind!r}; expected one of "
