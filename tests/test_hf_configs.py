@@ -187,6 +187,44 @@ def test_transformers_fields_reads_the_installed_sources():
     assert "num_attention_heads" in transformers_fields(tf.GPT2Model, tf.GPT2Config)
 
 
+@pytest.fixture
+def unreadable_sources(monkeypatch):
+    """transformers' sources unreadable (a compiled or stripped install): `inspect.getsource`
+    raises OSError, with the rule's caches emptied before and after."""
+    from itde.interop import _hf_family
+
+    def no_source(obj):
+        raise OSError("could not get source code")
+
+    _hf_family._reads.cache_clear()
+    _hf_family.transformers_fields.cache_clear()
+    monkeypatch.setattr(_hf_family.inspect, "getsource", no_source)
+    yield
+    monkeypatch.undo()
+    _hf_family._reads.cache_clear()
+    _hf_family.transformers_fields.cache_clear()
+
+
+def test_unreadable_sources_refuse_what_they_would_decide(unreadable_sources):
+    """Without transformers' sources the rule fails closed: a Llama carrying
+    `sliding_window` (read by the masks, not defined by `LlamaConfig`) is refused with why,
+    not converted; a field `LlamaConfig` defines is refused as before, and a config the
+    family knows entirely still converts (no source needed)."""
+    model = _tiny_llama()
+    model.config.sliding_window = 4
+    with pytest.raises(ValueError, match=r"`config\.sliding_window`=4 is not a field "
+                       r"LlamaFamily converts, and whether transformers reads it cannot be "
+                       r"decided: the source of `transformers\..*` cannot be read \(OSError"
+                       r".*refused rather than ignored.*Install transformers with its Python "
+                       r"sources"):  # fmt: skip
+        itde.from_hf(model)
+    model = _tiny_llama()
+    model.config.rope_interleaved = True  # metadata, but undecidable without the sources
+    with pytest.raises(ValueError, match=r"`config\.rope_interleaved`=True .*cannot be decided"):
+        itde.from_hf(model)
+    itde.from_hf(_tiny_llama())
+
+
 def test_quantized_weights_are_refused_by_name():
     model = _tiny_llama()
     with torch.no_grad():

@@ -27,7 +27,10 @@ three kinds, decided from the installed `transformers` itself
 
 The scan reads the installed sources once per model class (cached): a field a later
 transformers starts reading is refused without a change here. A textual read is an
-over-approximation (a docstring's `config.x` counts too), which errs on refusing.
+over-approximation (a docstring's `config.x` counts too), which errs on refusing. Where a
+source cannot be read (a compiled or stripped install), a set field the family does not
+know and the config class does not define is undecided, and refused with why: never taken
+for metadata. A config whose set fields the family all knows needs no scan.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import importlib
 import inspect
 import json
 import re
@@ -121,22 +125,39 @@ class AbstractHFFamily(eqx.Module):
         """Refuse a set config field of `model` (of class `name`) that may change what it
         computes (see `transformers_fields`)
         and that this family does not know (`fields`)."""
-        semantic = transformers_fields(type(model), type(model.config))
-        unknown = sorted(
+        family = type(self).__name__
+        set_fields = sorted(
             (k, v)
             for k, v in config_fields(model.config).items()
-            if k not in _BASE_FIELDS and k not in self.fields and k in semantic
+            if k not in _BASE_FIELDS and k not in self.fields
             and k != "quantization_config" and not _off(k, v)
         )  # fmt: skip
+        if not set_fields:
+            return  # nothing to decide
+        unreadable = None
+        try:
+            semantic = transformers_fields(type(model), type(model.config))
+        except SourceUnreadable as e:  # fail closed: what the config defines is still known
+            semantic, unreadable = _config_defines(type(model.config)), e
+        unknown = [(k, v) for k, v in set_fields if k in semantic]
         if unknown:
             k, v = unknown[0]
             raise ValueError(
-                f"`config.{k}`={v!r} is not a field {type(self).__name__} converts: "
-                f"{semantic[k]}, so it may change what {name} computes, and the converted "
-                f"model would ignore it{_more(unknown)}. Remove it (or set it to None) if "
-                f"the model does not use it; {type(self).__name__} reads "
-                f"{', '.join(sorted(self.fields))}."
+                f"`config.{k}`={v!r} is not a field {family} converts: {semantic[k]}, so it "
+                f"may change what {name} computes, and the converted model would ignore "
+                f"it{_more(unknown)}. Remove it (or set it to None) if the model does not "
+                f"use it; {family} reads {', '.join(sorted(self.fields))}."
             )
+        if unreadable is not None:
+            k, v = set_fields[0]
+            raise ValueError(
+                f"`config.{k}`={v!r} is not a field {family} converts, and whether "
+                f"transformers reads it cannot be decided: {unreadable}. A field transformers "
+                f"reads may change what {name} computes (a Llama's `sliding_window` makes its "
+                f"masks windowed), so it is refused rather than ignored{_more(set_fields)}. "
+                "Install transformers with its Python sources, or remove the field (or set it "
+                "to None) if the model does not use it."
+            ) from unreadable
 
 
 def config_fields(config) -> dict:
@@ -167,13 +188,22 @@ _READ = re.compile(
 )
 
 
+class SourceUnreadable(RuntimeError):
+    """The source of a transformers module the rule must read cannot be read (a compiled or
+    stripped install): which config fields its code reads cannot be derived."""
+
+
 @functools.cache
 def _reads(module_name: str) -> frozenset[str]:
-    """The config fields the source of the module `module_name` reads."""
+    """The config fields the source of the module `module_name` reads; raises
+    `SourceUnreadable` when that source cannot be read (never "nothing read": a field the
+    module reads would then pass as metadata)."""
     try:
-        source = inspect.getsource(sys.modules[module_name])
-    except (OSError, TypeError, KeyError):  # no source (a compiled module): nothing read
-        return frozenset()
+        source = inspect.getsource(importlib.import_module(module_name))
+    except (OSError, TypeError, ImportError) as e:
+        raise SourceUnreadable(
+            f"the source of `{module_name}` cannot be read ({type(e).__name__}: {e})"
+        ) from e
     return frozenset(a or b for a, b in _READ.findall(source))
 
 
@@ -198,7 +228,8 @@ def transformers_fields(model_cls: type, config_cls: type) -> dict[str, str]:
     `attribute_map` names, along its MRO), and those the transformers code running it reads
     (the modules of `model_cls` and of its transformers base classes, and every transformers
     module those import from). Any other field of a config is metadata (see the module's
-    docstring). Computed once per pair of classes."""
+    docstring). Computed once per pair of classes; raises `SourceUnreadable` when a source
+    cannot be read."""
     why: dict[str, str] = {}
     own = sys.modules[model_cls.__module__]
     near = _imported(own)  # the model's module and what it imports: named first
@@ -214,6 +245,15 @@ def transformers_fields(model_cls: type, config_cls: type) -> dict[str, str]:
     for field, mods in where.items():
         shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
         why[field] = f"transformers reads it ({shown})"
+    return why | _config_defines(config_cls)
+
+
+@functools.cache
+def _config_defines(config_cls: type) -> dict[str, str]:
+    """The fields the config class `config_cls` defines (dataclass fields, `__init__`
+    parameters, `attribute_map` names, along its MRO), each with why: known without any
+    source."""
+    why: dict[str, str] = {}
     for cls in reversed(config_cls.__mro__):
         if cls is object:
             continue
