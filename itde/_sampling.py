@@ -9,9 +9,12 @@ are removed, the most likely one always kept. The others get $-\infty$. This is
 `TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper` of
 `transformers.generation.logits_process` with `min_tokens_to_keep=1`, in the order
 `generate` applies them; a filter left at its neutral value (`top_k=None`, `top_p=1`) is
-not applied, as `generate` leaves it out. Ties in the top-p sort are taken in index order
-(a stable sort; `torch.sort` leaves their order unspecified, so where tied scores straddle
-the cut Hugging Face may remove another of the equal tokens, never another number of them).
+not applied, as `generate` leaves it out. Logits in bfloat16 or float16 are processed as
+torch processes them: the division, the softmax and the cumulative sum in float32, each
+result rounded to the logits' dtype (the running sum itself kept in float32). Ties in the
+top-p sort are taken in index order (a stable sort; `torch.sort` leaves their order
+unspecified, so where tied scores straddle the cut Hugging Face may remove another of the
+equal tokens, never another number of them).
 
 The filters are traced values of the compiled sampling loop (one compilation for every
 $T$, $k$ and $p$); the sort runs only when a filter is on.
@@ -58,6 +61,13 @@ def check_filters(top_k, top_p, names: tuple[str, str] = ("top_k", "top_p")) -> 
     return k, floor
 
 
+def _opmath(dtype) -> jnp.dtype:
+    """The dtype torch computes an elementwise op, a softmax or a cumsum of `dtype` in: float32
+    for the half types (bfloat16, float16; `at::opmath_type`, `at::acc_type` on the CPU),
+    the dtype itself otherwise."""
+    return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else jnp.dtype(dtype)
+
+
 def _filter(scores: Float[Array, " vocab"], top_k, floor) -> Float[Array, " vocab"]:
     """Top-k then top-p of scores already divided by the temperature (one stable sort)."""
     vocab = scores.shape[-1]
@@ -66,8 +76,12 @@ def _filter(scores: Float[Array, " vocab"], top_k, floor) -> Float[Array, " voca
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     kth = ranked[vocab - k]  # the k-th largest score
     ranked = jnp.where(ranked < kth, -jnp.inf, ranked)
-    cumulative = jnp.cumsum(jax.nn.softmax(ranked))
-    cut = (cumulative <= floor.astype(cumulative.dtype)).at[-1].set(False)
+    # torch's softmax and cumsum of a half type compute in float32 and round each output
+    # to the half type (the running sum itself stays in float32)
+    wide = _opmath(scores.dtype)
+    probs = jax.nn.softmax(ranked.astype(wide)).astype(scores.dtype)
+    cumulative = jnp.cumsum(probs.astype(wide)).astype(scores.dtype)
+    cut = (cumulative <= floor.astype(scores.dtype)).at[-1].set(False)
     removed = jnp.zeros((vocab,), bool).at[order].set(cut) | (scores < kth)
     return jnp.where(removed, -jnp.inf, scores)
 
@@ -77,9 +91,11 @@ def _warp(logits, temperature, top_k, floor):
     a filter is on (`top_k > 0` or `floor >= 0`); the sort is skipped otherwise."""
     # a true division, as torch divides: XLA turns `z / broadcast(T)` into
     # `z * broadcast(1 / T)`, which rounds differently in a tenth of the entries, unless the
-    # divisor, in the logits' own shape, is behind a barrier
-    divisor = jnp.broadcast_to(temperature.astype(logits.dtype), logits.shape)
-    scores = logits / jax.lax.optimization_barrier(divisor)
+    # divisor, in the logits' own shape, is behind a barrier. A half type is divided in
+    # float32 by float32(T) and rounded once, as torch divides by a Python scalar
+    wide = _opmath(logits.dtype)
+    divisor = jnp.broadcast_to(temperature.astype(wide), logits.shape)
+    scores = (logits.astype(wide) / jax.lax.optimization_barrier(divisor)).astype(logits.dtype)
     rows = _filter
     for _ in range(logits.ndim - 1):
         rows = jax.vmap(rows, in_axes=(0, None, None))
@@ -136,7 +152,9 @@ def warp_logits(
     **Arguments:**
 
     - `logits`: `[..., vocab]` scores, filtered along the last axis.
-    - `temperature`: $T > 0$; the scores are divided by it (in their own dtype).
+    - `temperature`: $T > 0$; the scores are divided by it as torch divides by a Python
+      float: in their own dtype, bfloat16 and float16 in float32 by `float32(T)` and
+      rounded once.
     - `top_k`: keep the tokens whose score is at least the $k$-th largest (ties included),
       an integer >= 1; None keeps every token.
     - `top_p`: keep the most likely tokens up to probability mass `top_p` (the first one
