@@ -84,15 +84,35 @@ def test_charlm_run_writes_metrics_plot_and_checkpoint(charlm):
 def test_eval_and_sample_of_the_run(charlm, capsys):
     out, _, trained = charlm
     assert main(["eval", "--checkpoint", str(out)]) == 0
-    row = json.loads(capsys.readouterr().out)
+    said = capsys.readouterr()
+    row = json.loads(said.out)
     assert row["eval_nats_per_char"] == pytest.approx(trained)
     assert row["step"] == 2 and row["examples"] == 4
-    assert main(["sample", "--checkpoint", str(out), "--prompt", "the ", "--length", "12"]) == 0
-    text = capsys.readouterr().out.rstrip("\n")
+    # stderr says what the command is doing while it loads and compiles, each stage timed
+    _stages(said.err, "eval", f"loading {out}", "compiling, then evaluating 4 held-out examples")
+    sample = ["sample", "--checkpoint", str(out), "--prompt", "the ", "--length", "12"]
+    assert main(sample) == 0
+    said = capsys.readouterr()
+    text = said.out.rstrip("\n")
     assert text.startswith("the ") and len(text) == 4 + 12
+    _stages(said.err, "sample", f"loading {out}",
+            "compiling the sampler, then drawing the first token")  # fmt: skip
+    assert main([*sample, "--no-progress"]) == 0
+    said = capsys.readouterr()
+    assert said.out.rstrip("\n") == text and said.err == ""
     _fail(capsys, ["sample", "--checkpoint", str(out), "--prompt", "\u00e9"], "vocabulary")
     # a per-layer (Transformer-regime) model cannot be integrated by a continuum scheme
     _fail(capsys, ["eval", "--checkpoint", str(out), "--solver", "rk4"], "scheme 'lie'")
+
+
+def _stages(err: str, command: str, *stages: str) -> None:
+    """`err` is, line by line, each stage's start (`itde COMMAND: stage ...`) and end
+    (`itde COMMAND: stage took 1.2 s`), in order, and nothing else."""
+    want = [f"itde {command}: {what}{end}" for what in stages for end in (" ...", " took")]
+    lines = err.splitlines()
+    assert len(lines) == len(want), err
+    for line, start in zip(lines, want, strict=True):
+        assert line.startswith(start), err
 
 
 def _fail(capsys, argv, *needles):
@@ -310,7 +330,11 @@ def test_interrupted_sample_keeps_what_was_printed(charlm, capsys, monkeypatch):
     assert main(["sample", "--checkpoint", str(out), "--prompt", "the "]) == 130
     captured = capsys.readouterr()
     assert captured.out.startswith("the abcdef")
-    assert captured.err.strip() == "itde sample: error: interrupted after 6 characters"
+    # after the stage lines (loading, compiling), one line and no traceback
+    *stages, last = captured.err.splitlines()
+    assert last == "itde sample: error: interrupted after 6 characters"
+    _stages("\n".join(stages), "sample", f"loading {out}",
+            "compiling the sampler, then drawing the first token")  # fmt: skip
 
 
 # ------------------------------------------------------------------ bfloat16

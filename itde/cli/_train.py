@@ -2,7 +2,10 @@
 
 `itde.cli.main` adds them with `add_train_commands(sub)` after the other sub-parsers.
 Errors a user can fix (a bad config, a bad checkpoint, a bad data file, a batch size the
-devices do not divide) are printed as one line and exit with status 2.
+devices do not divide) are printed as one line and exit with status 2. Each says on stderr
+what it is doing while the user waits: `itde train` with its progress bar, `itde eval` and
+`itde sample` with a line before and after each stage (loading the checkpoint, compiling
+and running), so the half minute or more of compilation is never silence.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ def _restore(directory, spread: bool = False):
     return Run(cfg, devices=devices, task=task, fsdp=1), model, meta
 
 
+def _stage(args, what: str):
+    """A stage of `itde eval` / `itde sample`: `itde COMMAND: what ...` on stderr before it,
+    `... took 12 s` after (none with --no-progress)."""
+    from .._progress import stage_line
+
+    return stage_line(f"itde {args.command}", what, enabled=not args.no_progress)
+
+
 def cmd_eval(args) -> int:
     import warnings
 
@@ -109,7 +120,8 @@ def cmd_eval(args) -> int:
             f"`--size`={args.size} must be a positive number of held-out examples (default: "
             "the checkpoint's [task] eval_size)"
         )
-    run, model, meta = _restore(args.checkpoint, spread=True)
+    with _stage(args, f"loading {args.checkpoint}"):
+        run, model, meta = _restore(args.checkpoint, spread=True)
     trained = model
     layers = getattr(model.ide.controls, "layer_length", None)  # per-layer controls
     if layers is not None and args.dt is not None and args.dt > layers:
@@ -143,11 +155,15 @@ def cmd_eval(args) -> int:
         size_name="--size" if args.size is not None else "task.eval_size", train=False,
     )  # fmt: skip
     chunks = run.eval_chunks(args.size, task)
-    with warnings.catch_warnings():  # said once above, in the command's own words
+    examples = sum(c[0].shape[0] for c in chunks)
+    with (
+        _stage(args, f"compiling, then evaluating {examples} held-out examples"),
+        warnings.catch_warnings(),  # said once above, in the command's own words
+    ):
         warnings.simplefilter("ignore", DepthStepWarning)
         metrics = evaluate(model, chunks, task, run.compute_dtype)
     row = {"step": meta["step"], "scheme": model.scheme, "dt": model.dt,
-           "examples": sum(c[0].shape[0] for c in chunks), **metrics}  # fmt: skip
+           "examples": examples, **metrics}  # fmt: skip
     if task.grid_size is not None:
         row["grid"] = task.grid_size
     print(json.dumps(row))
@@ -176,7 +192,8 @@ def cmd_sample(args) -> int:
 
     check_filters(args.top_k, args.top_p, FILTER_NAMES)  # said before the checkpoint is read
     check_filters_sample(args.temperature, args.top_k, args.top_p, (*FILTER_NAMES, "--temperature"))
-    run, model, meta = _restore(args.checkpoint)
+    with _stage(args, f"loading {args.checkpoint}"):
+        run, model, meta = _restore(args.checkpoint)
     if not run.task.can_sample:
         raise ValueError(
             f"`itde sample` needs a checkpoint of a text task ({', '.join(_sampled_tasks())}); "
@@ -192,7 +209,8 @@ def cmd_sample(args) -> int:
                               top_p=args.top_p)  # fmt: skip
     written = 0
     try:
-        first = next(stream, "")  # checks the arguments before anything is printed
+        with _stage(args, "compiling the sampler, then drawing the first token"):
+            first = next(stream, "")  # checks the arguments before anything is printed
         sys.stdout.write(args.prompt + first)
         sys.stdout.flush()
         written += len(first)
@@ -291,6 +309,8 @@ def add_train_commands(sub) -> None:
                    "token domain (default: the trained grid)")  # fmt: skip
     p.add_argument("--size", type=int, metavar="N", help="held-out examples, > 0, rounded "
                    "up to whole batches (default: [task] eval_size of the checkpoint)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="write no stage lines on "
+                   "stderr (loading, compiling, each with its time)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_eval))
 
     p = sub.add_parser(
@@ -322,6 +342,8 @@ def add_train_commands(sub) -> None:
                    "(default: %(default)s, every token)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, metavar="SEED",
                    help="sampling seed in [0, 2**32 - 1] (default: %(default)s)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="write no stage lines on "
+                   "stderr (loading, compiling, each with its time)")  # fmt: skip
     p.set_defaults(func=_guard(cmd_sample))
 
 
