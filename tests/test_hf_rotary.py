@@ -49,6 +49,13 @@ def _config(name):
             hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=12, **COMMON,
         )  # fmt: skip
+    if name in ("qwen2_full", "qwen2_window"):  # use_sliding_window, a window of 3 of 7
+        # tokens; layers from max_window_layers on slide: none (2 of 2 layers) or all (0)
+        return tf.Qwen2Model, tf.Qwen2Config(
+            hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=12, use_sliding_window=True, sliding_window=3,
+            max_window_layers=2 if name == "qwen2_full" else 0, **COMMON,
+        )  # fmt: skip
     if name == "mistral":  # head_dim != hidden / heads
         return tf.MistralModel, tf.MistralConfig(sliding_window=None, **LLAMA)
     if name == "mistral_window":  # 7 tokens, a window of 3: the window matters
@@ -78,8 +85,8 @@ def _config(name):
 
 
 FAMILIES = [
-    "qwen2", "mistral", "mistral_window", "gemma", "neox", "neox_sequential", "llama_linear",
-    "llama3",
+    "qwen2", "qwen2_full", "qwen2_window", "mistral", "mistral_window", "gemma", "neox",
+    "neox_sequential", "llama_linear", "llama3",
 ]  # fmt: skip
 
 
@@ -226,6 +233,25 @@ def test_qwen2_sliding_window_without_use_sliding_window_is_inert():
     itde.from_hf(windowed)
 
 
+def test_qwen2_window_follows_the_layer_types_transformers_builds():
+    """`use_sliding_window` slides the layers from `max_window_layers` on (Qwen2Config's
+    `layer_types`): with `max_window_layers` the number of layers no layer slides and the
+    model converts with full attention; with 0 every layer slides and the window is the
+    equation's (both exact against Hugging Face: `test_float64`); with 1 the layers differ,
+    which is refused by name."""
+    assert _model("qwen2_full").config.layer_types == ["full_attention"] * 2
+    assert _model("qwen2_full").config.sliding_window == 3  # set, and inert
+    assert itde.from_hf(_model("qwen2_full")).equation.window is None
+    assert _model("qwen2_window").config.layer_types == ["sliding_attention"] * 2
+    assert itde.from_hf(_model("qwen2_window")).equation.window == itde.SlidingWindow(3.0)
+    cls, config = _config("qwen2_full")
+    config = tf.Qwen2Config(**{**config.to_dict(), "max_window_layers": 1, "layer_types": None})
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    said = r"`config\.layer_types`=\['full_attention', 'sliding_attention'\] is not supported"
+    with pytest.raises(ValueError, match=said + r": .*one attention window"):
+        itde.from_hf(cls(config))
+
+
 # ---------------------------------------------------------------- refusals, by name
 def _configured(name, **fields):
     cls, config = _config(name)
@@ -237,8 +263,9 @@ def _configured(name, **fields):
 @pytest.mark.parametrize(
     "name, field, value, why",
     [
-        ("qwen2", "use_sliding_window", True, "window depends on the layer.*max_window_layers"),
-        ("qwen2", "layer_types", ["full_attention", "sliding_attention"], "full"),
+        ("qwen2", "layer_types", ["full_attention", "sliding_attention"], "one attention window"),
+        ("qwen2", "layer_types", ["chunked_attention"] * 2, "every layer must be 'full_att"),
+        ("qwen2_window", "sliding_window", 0, "integer >= 1"),
         ("gemma", "use_bidirectional_attention", True, "causal"),
         ("gemma", "hidden_activation", "relu", "ignores hidden_activation"),
         ("gemma", "hidden_act", "relu2", "feed-forward takes"),
@@ -321,6 +348,7 @@ def test_rope_attention_factor_and_partial_rotary_refused():
 @pytest.mark.parametrize(
     "name",
     ["qwen2", "mistral_window", "gemma", "neox",
+     pytest.param("qwen2_window", marks=pytest.mark.slow),
      pytest.param("neox_sequential", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_to_hf_round_trip(name, tmp_path):

@@ -1,10 +1,11 @@
 """Qwen2: the Llama equation with biases on the query, key and value projections (none on
-the output projection); its sliding window is refused."""
+the output projection); a sliding window in every layer or in none."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from .._operators._window import SlidingWindow
 from . import _hf_glue as g
 from ._hf_llama import AbstractLlamaLike, causal_checks
 
@@ -20,13 +21,16 @@ QWEN2_FIELDS = frozenset({
 
 
 class Qwen2Family(AbstractLlamaLike):
-    """`Qwen2Model` (grouped-query attention, q/k/v biases; full attention in every layer).
-
-    `config.sliding_window` is inert while every entry of `config.layer_types` is
-    `"full_attention"`: `Qwen2Attention` passes the window to the attention only in
-    `"sliding_attention"` layers and `Qwen2Model` builds the windowed mask only when such a
-    layer exists (`Qwen2Config` itself sets `sliding_window=None` unless
-    `use_sliding_window`)."""
+    """`Qwen2Model` (grouped-query attention, q/k/v biases), whose layers attend as
+    `config.layer_types` says, the list `Qwen2Attention` and `Qwen2Model` read: every layer
+    `"full_attention"` (to every token before), or every layer `"sliding_attention"` (within
+    `config.sliding_window` tokens, as Mistral: the causal `SlidingWindow` of the equation).
+    `Qwen2Config` fills the list from `use_sliding_window`, `sliding_window` and
+    `max_window_layers` (layers from `max_window_layers` on slide, when
+    `use_sliding_window`): so `use_sliding_window` with `max_window_layers` equal to the
+    number of layers is full attention everywhere, and `max_window_layers=0` a window
+    everywhere. A list of both kinds is refused: the equation has one window for its whole
+    depth. `config.sliding_window` is inert in `"full_attention"` layers."""
 
     classes: ClassVar[tuple[str, ...]] = ("Qwen2Model",)
     module: ClassVar[str] = "qwen2"
@@ -38,13 +42,34 @@ class Qwen2Family(AbstractLlamaLike):
         config = model.config
         causal_checks(config)
         g.refuse(
-            config, "use_sliding_window", lambda v: not v,
-            "Qwen2's window depends on the layer (layers from config.max_window_layers on "
-            "attend within config.sliding_window tokens, the others to every token); the "
-            "converted attention is full in every layer.",
-        )  # fmt: skip
-        g.refuse(
             config, "layer_types",
-            lambda v: v is None or all(t == "full_attention" for t in v),
-            "the converted attention is full ('full_attention') in every layer.",
+            lambda v: v is None or len(set(v)) <= 1 and set(v) <= set(_KINDS),
+            "Qwen2 attends within config.sliding_window tokens in its 'sliding_attention' "
+            "layers (from config.max_window_layers on, with config.use_sliding_window) and "
+            "to every token in its 'full_attention' layers; the converted equation has one "
+            "attention window for its whole depth, so every layer must be 'full_attention' "
+            "or every layer 'sliding_attention'.",
         )  # fmt: skip
+        if _sliding(config):
+            w = getattr(config, "sliding_window", None)
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ValueError(
+                    f"`config.sliding_window`={w!r} is not supported: every layer is a "
+                    "'sliding_attention' layer, which reads the config.sliding_window tokens "
+                    "up to the query (itself included), so it must be an integer >= 1."
+                )
+
+    def window(self, config):
+        """The causal `SlidingWindow(config.sliding_window)` when every layer is a
+        `"sliding_attention"` layer (Hugging Face's mask `kv_idx > q_idx - W`, as
+        Mistral's); None (full attention) otherwise."""
+        return SlidingWindow(float(config.sliding_window)) if _sliding(config) else None
+
+
+_KINDS = ("full_attention", "sliding_attention")
+
+
+def _sliding(config) -> bool:
+    """Whether every layer of `config` is a `"sliding_attention"` layer."""
+    kinds = getattr(config, "layer_types", None)
+    return bool(kinds) and all(k == "sliding_attention" for k in kinds)
