@@ -15,6 +15,7 @@ import json
 import shutil
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -260,3 +261,32 @@ def test_llama_starts_at_the_hugging_face_model_and_exports(tmp_path):
     back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").eval()
     ours = PREDICT(result.model, jnp.asarray(x))
     np.testing.assert_allclose(ours, _hf_logits(back, x), **TOL)
+
+
+def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
+    """transformers 5 renamed `from_pretrained`'s `torch_dtype` to `dtype` and logs
+    "`torch_dtype` is deprecated" on each fine-tuning run that passes it (a logged warning,
+    once per process: its `warning_once` cache is emptied here, and Python warnings are
+    errors). The model is read in float32."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from itde.train._finetune import _converted, _stamp
+
+    logging.Logger.warning_once.cache_clear()  # transformers' lru_cache of said warnings
+    records = []
+    catch = logging.Handler(logging.WARNING)
+    catch.emit = records.append
+    logger = hf_logging.get_logger("transformers")
+    logger.addHandler(catch)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            lm = _converted.__wrapped__(str(gpt2_dir), _stamp(gpt2_dir))  # not the cached one
+    finally:
+        logger.removeHandler(catch)
+    said = [r.getMessage() for r in records]
+    assert not [m for m in said if "deprecated" in m], said
+    assert {a.dtype for a in jax.tree.leaves(eqx.filter(lm, eqx.is_array))} == {np.dtype("float32")}

@@ -101,7 +101,7 @@ def _converted(path: str, stamp: tuple):
     from ..interop import from_hf
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, torch_dtype=torch.float32, local_files_only=True
+        path, dtype=torch.float32, local_files_only=True
     )
     return from_hf(model.eval())
 
