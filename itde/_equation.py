@@ -653,7 +653,8 @@ class TransformerIDE(AbstractEquation):
         The batch is on axis `batch_axis` of `u0` (0 by default; 1 for a model converted
         from a PyTorch module with `batch_first=False`), and stays there in the output.
         `mask` is `[batch, tokens]` whatever the layout (booleans or 0/1, False on
-        padding), as Hugging Face's `attention_mask`."""
+        padding), as Hugging Face's `attention_mask`. An empty batch (no sequence) gives an
+        empty output of the same shape and dtype, as `jax.vmap(model)` does."""
         u0 = as_array("u0", u0)
         if type(u0).__module__.startswith("torch"):
             self.check_state(u0, "u0")
@@ -669,17 +670,15 @@ class TransformerIDE(AbstractEquation):
         # the layout is read from the shape: moving the axis here would compile a
         # transpose per shape (it happens inside the solve's program)
         x = jax.ShapeDtypeStruct(_moved(u0.shape, self.batch_axis), u0.dtype)
-        if x.shape[0] == 0:
-            raise ValueError(
-                f"`u0` is an empty batch (axis {self.batch_axis} has length 0); give at least "
-                "one sequence."
-            )
         if mask is not None:
             mask = key_mask(mask, x.shape[1])
             if mask.shape != x.shape[:2]:
                 raise ValueError(
                     f"`mask` must have shape [batch, tokens] = {x.shape[:2]}, got {mask.shape}."
                 )
+        if x.shape[0] == 0:  # no sequence: nothing to solve, the empty output of vmap
+            self.check_state(jax.ShapeDtypeStruct(x.shape[1:], x.dtype), "u0[i]")
+            return jnp.zeros_like(u0)
         if has_tracer(self, u0, mask):
             return _batch_output(self, u0, mask)
         self.check_state(jax.ShapeDtypeStruct(x.shape[1:], x.dtype), "u0[i]")

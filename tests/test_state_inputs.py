@@ -51,6 +51,22 @@ def test_vmap_over_an_empty_batch_is_an_empty_batch(model):
                                rtol=1e-13, atol=1e-14)  # fmt: skip
 
 
+def test_batch_of_no_sequence_is_what_vmap_gives(model):
+    """`model.batch` is `jax.vmap(model)` as one solve: on an empty batch too, an empty
+    output of the input's shape and dtype (with or without a mask), not an error; a width
+    that is not the model's is named as for a batch of one."""
+    m, _, _ = model
+    empty = jnp.zeros((0, 5, D))
+    want = jax.vmap(m)(empty)
+    for mask in (None, jnp.ones((0, 5), bool)):
+        out = m.batch(empty, mask)
+        assert (out.shape, out.dtype) == (want.shape, want.dtype) == ((0, 5, D), jnp.float64)
+    with pytest.raises(ValueError, match=r"`u0\[i\]` has 7 features but the model has 8"):
+        m.batch(jnp.zeros((0, 5, 7)))
+    with pytest.raises(ValueError, match=r"`mask` must have shape \[batch, tokens\] = \(0, 5\)"):
+        m.batch(empty, jnp.ones((1, 5), bool))
+
+
 def test_a_feature_affine_of_the_wrong_width_is_named(model):
     m, x, _ = model
     said = r"is a FeatureAffine of width 6 \(`scale` shape \(6,\)\), but the state has 8 " \
