@@ -131,6 +131,11 @@ def test_analyze_refuses_bad_inputs(network):
         analyze(m, u0[0, 0])
     with pytest.raises(ValueError, match=r"`mask` must be \[inputs, tokens\]"):
         analyze(m, u0, jnp.ones((B, N + 1), bool))
+    with pytest.raises(ValueError, match=r"`u0` is an empty batch \(no input\), shape "
+                       r"\(0, \d+, \d+\).*at least one input"):  # fmt: skip
+        analyze(m, u0[:0])
+    with pytest.raises(ValueError, match=r"`u0` has no token, shape \(\d+, 0, \d+\)"):
+        analyze(m, u0[:, :0])
 
 
 def test_figure_has_one_panel_per_quantity_with_the_layers_marked(network):

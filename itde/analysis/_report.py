@@ -97,6 +97,7 @@ def report_depths(model, depths=None) -> np.ndarray:
 
 def _batch(u0, mask):
     u0 = jnp.asarray(u0)
+    given = tuple(u0.shape)
     if u0.ndim == 2:
         u0 = u0[None]
         mask = None if mask is None else jnp.asarray(mask)[None]
@@ -107,6 +108,13 @@ def _batch(u0, mask):
         )
     if not jnp.issubdtype(u0.dtype, jnp.floating):
         raise TypeError(f"`u0` must be a floating state, got dtype {u0.dtype}.")
+    if u0.shape[0] == 0 or u0.shape[1] == 0:
+        what = "is an empty batch (no input)" if u0.shape[0] == 0 else "has no token"
+        raise ValueError(
+            f"`u0` {what}, shape {given}: `analyze` reports on the inputs' states and the "
+            "first input's flow; give at least one input of at least one token, "
+            "[inputs, tokens, features] (or one state [tokens, features])."
+        )
     if mask is not None:
         mask = jnp.asarray(mask)
         if mask.shape != u0.shape[:2]:
