@@ -290,3 +290,44 @@ def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
     said = [r.getMessage() for r in records]
     assert not [m for m in said if "deprecated" in m], said
     assert {a.dtype for a in jax.tree.leaves(eqx.filter(lm, eqx.is_array))} == {np.dtype("float32")}
+
+
+def test_a_run_from_a_relative_directory_loads_from_any_folder(gpt2_dir, tmp_path, monkeypatch):
+    """`init = "hf:base"` relative to the working directory: the run's sidecar stores the
+    directory (and its other paths) absolute, so `load` reads the run from another folder
+    (it failed: "`model.init`='hf:base' is not a directory"). A sidecar written before
+    held the paths as given; it still loads, from the folder it was trained in and from
+    elsewhere (the folders above the run directory, the one whose files have the recorded
+    SHA-256: not a changed copy of the same name in the working directory)."""
+    from itde.train import _checkpoint as ckpt
+
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    shutil.copytree(gpt2_dir, home / "base")
+    shutil.copytree(gpt2_dir, elsewhere / "base")  # the same name, another model
+    (elsewhere / "base" / "config.json").write_text((gpt2_dir / "config.json").read_text() + "\n")
+    monkeypatch.chdir(home)
+    run = Run(from_dict(TrainExperiment, _table("base", "cache")))
+    saved, _ = state = run.init_state()
+    directory = home / "runs" / "ft"
+    ckpt.save(directory, 2, state, run.meta())
+    want = f"hf:{home / 'base'}"
+    written = json.loads((directory / ckpt.SIDECAR).read_text())
+    assert written["config"]["model"]["init"] == written["config"]["task"]["tokenizer"] == want
+    monkeypatch.chdir(elsewhere)
+    model, cfg, meta = load(directory)
+    assert (cfg.model.init, cfg.task.tokenizer) == (want, want)
+    assert cfg.task.cache_dir == str(home / "cache") and meta["init"]["path"] == str(home / "base")
+    for a, b in zip(_leaves(model), _leaves(saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a sidecar of an earlier itde: the paths as they were given
+    sidecar = directory / ckpt.SIDECAR
+    meta = json.loads(sidecar.read_text())
+    meta["config"]["model"]["init"] = meta["config"]["task"]["tokenizer"] = "hf:base"
+    meta["config"]["task"]["cache_dir"] = "cache"
+    meta["init"]["path"] = "base"
+    meta["config_sha256"] = ckpt.config_digest(meta["config"])
+    sidecar.write_text(json.dumps(meta))
+    for folder in (home, elsewhere):
+        monkeypatch.chdir(folder)
+        _, cfg, _ = load(directory)
+        assert (cfg.model.init, cfg.task.cache_dir) == (want, str(home / "cache")), folder

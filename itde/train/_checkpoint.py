@@ -128,7 +128,8 @@ def save(directory: str | Path, step: int, state, meta: dict) -> Path:
 
 
 def read_meta(directory: str | Path) -> dict:
-    """The sidecar of a checkpoint directory, checked for the fields a resume needs."""
+    """The sidecar of a checkpoint directory, checked for the fields a resume needs, the
+    paths of its config absolute (`itde.train._config.stored_paths`)."""
     directory = Path(directory)
     path = directory / SIDECAR
     if directory.exists() and not directory.is_dir():
@@ -182,6 +183,10 @@ def read_meta(directory: str | Path) -> dict:
             "(run.log_every, run.eval_every, run.checkpoint_every, run.out, run.progress) with "
             "--config / `cfg=` instead"
         )
+    from ._config import stored_paths
+
+    # (after the digest, which is of the config as written)
+    meta["config"] = stored_paths(meta["config"], directory, (meta.get("init") or {}).get("sha256"))
     return meta
 
 

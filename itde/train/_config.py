@@ -708,7 +708,11 @@ def _relative_to(table: dict, folder: Path) -> dict:
 
 
 def to_dict(cfg) -> dict:
-    """A JSON/TOML-ready nested dict of a config (tuples become lists)."""
+    """A JSON/TOML-ready nested dict of a config (tuples become lists), its relative paths
+    (`task.text_path`, `task.cache_dir`, the directories of `model.init` and of an
+    `"hf:DIR"` `task.tokenizer`) made absolute from the working directory: a run's
+    sidecar holds this dict, so `itde.train.load`, `itde eval` and `--resume` read the
+    run's paths alike from any folder."""
 
     def plain(v):
         if isinstance(v, tuple | list):
@@ -717,7 +721,33 @@ def to_dict(cfg) -> dict:
             return {k: plain(x) for k, x in v.items()}
         return v
 
-    return plain(dataclasses.asdict(cfg))
+    return _relative_to(plain(dataclasses.asdict(cfg)), Path.cwd())
+
+
+def stored_paths(table: dict, directory, init_sha256: str | None = None) -> dict:
+    """The config `table` of the sidecar of the run in `directory`, its paths absolute.
+
+    A sidecar written since issue 46 holds them absolute already (`to_dict`). An earlier
+    one holds them as they were given, relative to the folder the run was trained in,
+    which it does not record: they are read from the first of the working directory and
+    the folders above `directory` where `model.init` names the directory the run started
+    from (its files' SHA-256 is `init_sha256`, the sidecar's; any directory of that name
+    when none is recorded), else from the working directory, as before."""
+    if not isinstance(table, dict) or not isinstance(table.get("model", {}), dict):
+        return table  # not a config: `from_dict` names what is wrong
+    init = table.get("model", {}).get("init")
+    base = Path.cwd()
+    if isinstance(init, str) and init.startswith(HF_PREFIX):
+        relative = Path(init[len(HF_PREFIX) :])
+        if not relative.is_absolute():
+            from ._finetune import fingerprint
+
+            for folder in (base, *Path(directory).absolute().parents):
+                found = folder / relative
+                if found.is_dir() and init_sha256 in (None, fingerprint(found)):
+                    base = folder
+                    break
+    return _relative_to(table, base)
 
 
 def differences(a: dict, b: dict, prefix: str = "") -> list[str]:

@@ -28,6 +28,13 @@ def load(directory, path=None):
     run trained with and whichever format it wrote (one file, or the shards of every
     process of a sharded run: each array is assembled from its shards).
 
+    The sidecar holds the config's paths absolute (the Hugging Face directory of
+    `[model] init` above all, whose model the run's architecture is read from), so a run
+    loads from any working directory. A run written by an itde before that holds them as
+    given, relative to the folder it was trained in: they are read from the working
+    directory or the folders above `directory`, the first where `init` is the directory
+    the run started from (its files' SHA-256 is the sidecar's).
+
     **Arguments:**
 
     - `directory`: the run's output directory (`--out`, `out=`), the one holding

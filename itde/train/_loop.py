@@ -408,7 +408,7 @@ class Run:
             from ._finetune import fingerprint
 
             path = self.cfg.model.init_dir
-            self._init_meta = {"path": str(path), "sha256": fingerprint(path)}
+            self._init_meta = {"path": str(path.absolute()), "sha256": fingerprint(path)}
         return self._init_meta
 
     def check_init(self, meta: dict, directory) -> None:
