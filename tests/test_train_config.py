@@ -67,6 +67,30 @@ def test_bad_config_names_key_and_file(tmp_path, body, match):
     assert str(path) in str(e.value)
 
 
+@pytest.mark.parametrize(("steps", "example"), [(50, "5 (a tenth of the run)"),
+                                                (100, "10 (a tenth of the run)"),
+                                                (9, "0 (no warm-up)")])  # fmt: skip
+def test_a_short_run_on_the_default_warmup_is_told_both_numbers_and_the_fix(
+    tmp_path, capsys, steps, example
+):
+    """100 steps or fewer on the default warm-up of 100 steps: the line names both numbers,
+    that the warm-up is the default, and a warm-up that fits."""
+    from itde.train import OptimConfig
+
+    default = OptimConfig.warmup
+    said = (f"`optim.warmup`={default} must be >= 0 and less than `optim.steps`={steps}: the "
+            f"warm-up must end before the run does. Set `optim.warmup` below {steps}, e.g. "
+            f"`optim.warmup` = {example}; its default, {default}, needs a run of more than "
+            f"{default} steps")  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        OptimConfig(steps=steps)
+    assert str(e.value) == said
+    assert main(["train", "--set", f"optim.steps={steps}", "--out", str(tmp_path / "o")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert said in line and "\n" not in line, line
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_reports_unknown_task_with_key_and_file(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text('[task]\nname = "translate"\n')

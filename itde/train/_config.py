@@ -313,6 +313,19 @@ class ModelConfig:
         return Path(self.init[len(HF_PREFIX) :]) if self.init else None
 
 
+def _warmup_fix(warmup: int, steps: int) -> str:
+    """How to mend a warm-up that is negative or not shorter than the run."""
+    if warmup < 0:
+        return "; set it to 0 for no warm-up, or to a number of steps"
+    tenth = steps // 10
+    example = f"{tenth} (a tenth of the run)" if tenth else "0 (no warm-up)"
+    return (
+        f": the warm-up must end before the run does. Set `optim.warmup` "
+        f"below {steps}, e.g. `optim.warmup` = {example}; its default, "
+        f"{OptimConfig.warmup}, needs a run of more than {OptimConfig.warmup} steps"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     r"""The optimiser (the `[optim]` table): `clip_by_global_norm(clip_norm)` then AdamW
@@ -362,7 +375,7 @@ class OptimConfig:
         if not 0 <= self.warmup < self.steps:
             raise ConfigError(
                 f"`optim.warmup`={self.warmup} must be >= 0 and less than `optim.steps`="
-                f"{self.steps}"
+                f"{self.steps}" + _warmup_fix(self.warmup, self.steps)
             )
         for name in ("final_lr_ratio", "weight_decay"):
             v = getattr(self, name)
