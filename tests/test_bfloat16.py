@@ -88,3 +88,20 @@ def test_layernorm_statistics_are_float32_in_bfloat16():
     assert got.dtype == jnp.bfloat16
     ref = norm(u16.astype(jnp.float32))  # the same bfloat16 input, float32 statistics
     np.testing.assert_allclose(np.asarray(got, np.float32), ref, atol=2 * BF16_EPS * 2)
+
+
+def test_numpy_finfo_knows_bfloat16_and_the_floor_of_ml_dtypes_says_so():
+    """`np.finfo(bfloat16)` (itde.solve's overflow check, the plots) needs ml_dtypes 0.7,
+    above the 0.5 jax asks for: pyproject.toml's dependencies hold that floor, which
+    .ci/min-versions installs and tests."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    info = np.finfo(jnp.bfloat16)
+    assert float(info.eps) == 2.0**-7 and float(info.max) == (2 - 2.0**-7) * 2.0**127
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = [Requirement(r) for r in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+    (ml,) = [r for r in deps if r.name.replace("_", "-") == "ml-dtypes"]
+    assert ml.specifier.contains("0.7.0") and not ml.specifier.contains("0.6.99"), ml
