@@ -257,3 +257,13 @@ def test_convert_pytorch_page_runs_and_says_what_converts():
 
     layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=True)
     assert isinstance(itde.from_torch(layer).block, itde.PreNorm)
+
+
+def test_the_index_links_every_how_to_page_in_the_navigations_order():
+    """The index's list of how-to guides is docs/how-to/, in mkdocs.yml's order: it once
+    left out the Hugging Face families and the fine-tuning pages."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    linked = re.findall(r"\]\((how-to/[\w-]+\.md)\)", index)
+    pages = sorted(f"how-to/{p.name}" for p in (ROOT / "docs" / "how-to").glob("*.md"))
+    nav = re.findall(r"'(how-to/[\w-]+\.md)'", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert sorted(linked) == pages and linked == nav, linked

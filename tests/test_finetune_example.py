@@ -233,3 +233,14 @@ def test_the_how_to_fine_tunes_smollm2(tmp_path, monkeypatch):
         have = written(torch.tensor([ids])).logits.numpy()
     np.testing.assert_array_equal(have, want)
     assert written.model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_the_page_says_to_write_the_base_model_with_one_block():
+    """Two blocks write `runs/base-model` (SmolLM2, the tiny GPT-2): the page says, before
+    the first, to run one of them."""
+    text = PAGE.read_text(encoding="utf-8")
+    writes = (f'smollm2_dir("{BASE}")', f'save_pretrained("{BASE}")')
+    writers = [code for lang, code in _blocks() if any(w in code for w in writes)]
+    assert len(writers) == 2
+    before = text[: text.index(writers[0])].split("## 1. The model directory")[1]
+    assert "run **one** of the two blocks below, not both" in " ".join(before.split()), before
