@@ -9,6 +9,7 @@ transformers') to 1e-12, and greedy generation with the cache gives transformers
 Volterra rules, non-causal models) are named.
 """
 
+import copy
 import dataclasses
 import re
 
@@ -190,6 +191,91 @@ def test_cached_equals_uncached_over_lengths(models, prompt_len, extra, max_leng
     n = prompt_len + extra
     ids = np.random.RandomState(n).randint(4, VOCAB, size=n).astype(np.int32)
     _check_cached_equals_uncached(lm, layers, ids, prompt_len, max_length)
+
+
+# ------------------------------------------------------------------ bfloat16
+@pytest.fixture(scope="module")
+def llama_bf16(models):
+    """The tiny Llama in bfloat16 (transformers' copy and its conversion), with the
+    float64 transformers model it was cast from."""
+    model, _, _ = models["llama"]
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    lm = itde.from_hf(half)
+    dtypes = {a.dtype for a in jax.tree.leaves(eqx.filter(lm, eqx.is_array))}
+    assert dtypes == {jnp.dtype("bfloat16")}
+    return model, half, lm, itde.split_layers(lm.base.equation)
+
+
+@eqx.filter_jit
+def _solve_states(eq, u0):
+    return itde.solve(eq, u0).ys[-1]
+
+
+@eqx.filter_jit
+def _prefill_states(eq, layers, u0, length):
+    return itde.prefill(eq, layers, u0, length)
+
+
+@eqx.filter_jit
+def _decode_states(eq, layers, u, cache):
+    return itde.decode(eq, layers, u, cache)
+
+
+def test_bfloat16_cache_computes_the_solve_in_its_precision(llama_bf16):
+    """A bfloat16 model: `itde.solve` carries the state in float32 (matrix products in
+    bfloat16, accumulated in float32); the prefill, a prompt decoded as one chunk into an
+    empty cache, and every decode step carry it so too (the keys and values stored in it)
+    and give the solve's final states, in its dtype, to float32 round-off (the decode
+    step's sums run in another order). The cache used to carry the state in bfloat16:
+    states 0.2-0.3 apart, and the greedy tokens of cache=True and cache=False differed."""
+    _, _, lm, layers = llama_bf16
+    eq = lm.base.equation
+    ids = np.random.RandomState(1).randint(4, VOCAB, size=13).astype(np.int32)
+    window = np.zeros((16,), np.int32)
+    window[: len(ids)] = ids
+    u0 = lm.base.embed(jnp.asarray(window))
+    assert u0.dtype == jnp.bfloat16
+    ref = np.asarray(_solve_states(eq, u0))
+    assert ref.dtype == np.float32
+    scale = np.abs(ref[: len(ids)]).max()
+    # the prompt solved at once (`prefill`) and as a chunk against an empty cache (how the
+    # engine solves it), then token by token
+    empty = itde.empty_cache(eq, layers, 16, u0.dtype)
+    for u, cache in (_prefill_states(eq, layers, u0, 5), _decode_states(eq, layers, u0[:5], empty)):
+        assert u.dtype == cache.keys[0].dtype == cache.values[0].dtype == ref.dtype
+        rows = [np.asarray(u)[:5]]
+        for i in range(5, len(ids)):
+            h, cache = _decode_states(eq, layers, u0[i : i + 1], cache)
+            assert h.dtype == ref.dtype
+            rows.append(np.asarray(h))
+        np.testing.assert_allclose(np.concatenate(rows), ref[: len(ids)], rtol=0,
+                                   atol=1e-6 * scale)  # fmt: skip
+
+
+@pytest.mark.slow  # ~25 s: the bfloat16 generation programs, with the cache and without
+def test_bfloat16_greedy_generation_cached_is_uncached_and_transformers(llama_bf16):
+    """Greedy generation of a bfloat16 Llama: the same tokens with the cache and without,
+    on six prompts (one differed); and transformers' bfloat16 tokens on the prompts where
+    transformers agrees with itself (its cached and uncached bfloat16 runs and its float64
+    run give the same tokens: tokens bfloat16's rounding does not decide there; itde
+    rounds otherwise, its state in float32 where transformers' is bfloat16)."""
+    model64, half, lm, _ = llama_bf16
+    kw = dict(do_sample=False, max_new_tokens=11, pad_token_id=1)
+    compared = 0
+    for seed in range(6):
+        prompt = np.random.RandomState(seed).randint(4, VOCAB, size=5).astype(np.int32)
+        cached = lm.generate(prompt, 11, cache=True, max_length=16, chunk=4, eos_token_id=3)
+        plain = lm.generate(prompt, 11, cache=False, max_length=16, chunk=4, eos_token_id=3)
+        np.testing.assert_array_equal(cached, plain, err_msg=f"prompt {seed}")
+        ids = torch.as_tensor(prompt[None]).long()
+        with torch.no_grad():
+            runs = [half.generate(ids, use_cache=c, **kw)[0].tolist() for c in (True, False)]
+            with itde.interop.hf_float64():
+                runs.append(model64.generate(ids, **kw)[0].tolist())
+        if runs[0] == runs[1] == runs[2]:
+            assert cached.tolist() == runs[0], seed
+            compared += 1
+    assert compared >= 4
 
 
 # ------------------------------------------------------------------ refusals

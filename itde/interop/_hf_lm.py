@@ -372,8 +372,11 @@ class HFCausalLM(eqx.Module):
           compiled for).
         - `cache`: keep every layer's keys and values ([`itde.KVCache`][itde.KVCache]):
           the prompt is solved once, in chunks of 64 rows against the cache, then each
-          token runs its own trajectory against the cache instead of the whole window
-          (the same tokens; float64 logits equal to round-off). None (default):
+          token runs its own trajectory against the cache instead of the whole window:
+          the same operations in the same precision (a bfloat16 model's state in
+          float32, as [`itde.solve`][itde.solve] carries it), the attention's sums in
+          another order, so the logits are equal to round-off (float64: 1e-12) and the
+          tokens the same unless two logits tie to it. None (default):
           with the cache when the model is cacheable
           ([`itde.check_cacheable`][itde.check_cacheable]), without otherwise; True:
           with it, or `itde.NotCacheableError` saying why not; False: without.
