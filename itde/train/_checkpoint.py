@@ -129,7 +129,8 @@ def save(directory: str | Path, step: int, state, meta: dict) -> Path:
 
 def read_meta(directory: str | Path) -> dict:
     """The sidecar of a checkpoint directory, checked for the fields a resume needs, the
-    paths of its config absolute (`itde.train._config.stored_paths`)."""
+    paths of its config absolute (also those of an earlier itde's sidecar, which holds them
+    as given: see `itde.train.load`)."""
     directory = Path(directory)
     path = directory / SIDECAR
     if directory.exists() and not directory.is_dir():
