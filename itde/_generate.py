@@ -147,6 +147,18 @@ def window_length(dec: AbstractDecoder, need: int, limit: int | None, exact: int
     return length if paddable(dec.equation, need, length, exact) else exact
 
 
+def check_cache(cache) -> bool | None:
+    """The `cache` argument of the generation entry points, checked: None (with the cache
+    when the model is cacheable), True or False (a Python or NumPy bool; 0 and 1 are
+    refused: `0 in (None, True, False)` holds, and 0 would have meant None)."""
+    if cache is None or isinstance(cache, (bool, np.bool_)):
+        return None if cache is None else bool(cache)
+    raise ValueError(
+        f"`cache`={cache!r} must be None (the cache when the model is cacheable), True (the "
+        "cache, or an error saying why not) or False (no cache)."
+    )
+
+
 def cacheable(dec: AbstractDecoder, length: int) -> bool:
     """Whether the cache draws from `dec` exactly in a window of `length` tokens."""
     try:
@@ -437,6 +449,7 @@ __all__ = [
     "AbstractDecoder",
     "bucket",
     "cacheable",
+    "check_cache",
     "generate_rows",
     "layers_of",
     "paddable",

@@ -12,6 +12,7 @@ Volterra rules, non-causal models) are named.
 import copy
 import dataclasses
 import re
+from unittest import mock
 
 import diffrax
 import equinox as eqx
@@ -374,6 +375,30 @@ def test_non_causal_model_is_refused_and_cache_true_raises(models):
     volterra = eqx.tree_at(lambda m: m.base.equation.grid, lm, grid)
     with pytest.raises(itde.NotCacheableError, match=r"Trapezoid.* is not the unit grid"):
         volterra.generate(np.array([5], np.int32), 2, cache=True)
+
+
+@pytest.mark.parametrize("value", [0, 1, 0.0, "yes"])
+def test_cache_takes_none_or_a_bool_only(models, value):
+    """`cache` is None (the cache where possible), True or False: 0 and 1 are refused by
+    name (`0 in (None, True, False)` holds, and `cache=0` used the cache), in `generate`
+    and in `itde.train.sample_stream`; NumPy bools are bools (`np.True_` on a model the
+    cache refuses raises why)."""
+    _, lm, _ = models["gpt2"]
+    said = rf"`cache`={value!r} must be None \(the cache when the model is cacheable\), True"
+    with pytest.raises(ValueError, match=said):
+        lm.generate(np.array([5], np.int32), 2, cache=value)
+    from itde.train import sample_stream
+
+    model, itos = _charlm(block="post_norm", scheme="rk4", dt=0.5)
+    with pytest.raises(ValueError, match=said):
+        next(sample_stream(model, itos, "the", 3, cache=value))
+    grid = itde.Grid(itde.Trapezoid(), itde.Midpoint(), lm.base.equation.n_features)
+    volterra = eqx.tree_at(lambda m: m.base.equation.grid, lm, grid)
+    with pytest.raises(itde.NotCacheableError, match=r"is not the unit grid"):
+        volterra.generate(np.array([5], np.int32), 2, cache=np.True_)
+    with mock.patch("itde.interop._hf_lm.generate_rows", return_value=iter(())) as rows:
+        lm.generate(np.array([5], np.int32), 2, cache=np.False_)  # what the engine is told
+    assert rows.call_args.kwargs["cache"] is False
 
 
 # ------------------------------------------------------------------ itde sample

@@ -22,7 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .._generate import AbstractDecoder, generate_rows, prefill_logits, window_length
+from .._generate import (
+    AbstractDecoder,
+    check_cache,
+    generate_rows,
+    prefill_logits,
+    window_length,
+)
 from .._kv_cache import NotCacheableError, check_cacheable
 from .._operators._precision import contract, wide
 from .._roles import kernel
@@ -400,8 +406,7 @@ class HFCausalLM(eqx.Module):
 
     def _use_cache(self, cache, window_len: int) -> bool:
         """Whether to generate with the cache: `cache` checked, None resolved."""
-        if cache not in (None, True, False):
-            raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
+        cache = check_cache(cache)
         if cache is False:
             return False
         try:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._config import SEED_MAX
-from .._generate import AbstractDecoder, generate_rows, window_length
+from .._generate import AbstractDecoder, check_cache, generate_rows, window_length
 from .._generate import cacheable as engine_cacheable
 from .._kv_cache import check_cacheable
 from .._registry import SCHEMES
@@ -156,8 +156,7 @@ def sample_stream(
     draw with a key/value cache (None: when the model is cacheable, see
     [`itde.check_cacheable`][itde.check_cacheable]; True/False: with or without; the same
     tokens either way, to round-off)."""
-    if cache not in (None, True, False):
-        raise ValueError(f"`cache`={cache!r} must be None (when possible), True or False.")
+    cache = check_cache(cache)
     top_k, floor = _check(model, itos, prompt, length, temperature, seed, encode,
                           top_k=top_k, top_p=top_p)  # fmt: skip
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
