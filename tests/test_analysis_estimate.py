@@ -66,15 +66,27 @@ def test_evaluations_count_steps_and_the_stages_that_reach_the_solution(eq, solv
     assert _estimate.evaluations(eq, 1.0, 2.0, solver, dt0) == per_layer
 
 
-def test_seconds_price_operations_and_compilations():
-    ops = {"solve": 6e9, "tokens": 3e10}
-    got = _estimate.seconds(ops, rate=1e10, compile_s=0.5)
-    assert got["solve"] == pytest.approx(
-        6e9 / (1e10 * _estimate._EFFICIENCY["solve"]) + 0.5 * _estimate._COMPILE["solve"]
-    )
-    assert got["tokens"] == pytest.approx(
-        3e10 / (1e10 * _estimate._EFFICIENCY["tokens"]) + 0.5 * _estimate._COMPILE["tokens"]
-    )
+def test_seconds_price_operations_and_compilations(monkeypatch):
+    """Operations at `rate` operations a second, slowed by the stage's efficiency, plus the
+    stage's compilation in units of the reference one: on tables of round numbers, each
+    stage's seconds worked out by hand (3e10 operations at 1e10/s and efficiency 0.5: 6 s,
+    plus 4 x 0.25 s of compilation)."""
+    monkeypatch.setattr(_estimate, "_EFFICIENCY", {"solve": 0.5, "tokens": 0.25})
+    monkeypatch.setattr(_estimate, "_COMPILE", {"solve": 4.0, "tokens": 2.0})
+    got = _estimate.seconds({"solve": 3e10, "tokens": 5e9}, rate=1e10, compile_s=0.25)
+    assert got == pytest.approx({"solve": 6.0 + 1.0, "tokens": 2.0 + 0.5}, rel=1e-12)
+
+
+def test_every_stage_has_a_price(eq):
+    """The tables price every stage `operations` counts, with an efficiency at most the
+    probe's own (a fraction of a large product's rate) and a positive compilation."""
+    ts = [float(t) for t in range(L + 1)]
+    ops = _estimate.operations(eq, ts, inputs=1, tokens=4, n_real=4, features=D, solver=None,
+                               dt0=None, lyapunov=True, token_vjps=True, block=1,
+                               iters=1)  # fmt: skip
+    assert set(ops) == set(_estimate._EFFICIENCY) == set(_estimate._COMPILE)
+    assert all(0 < e <= 1 for e in _estimate._EFFICIENCY.values())
+    assert all(c > 0 for c in _estimate._COMPILE.values())
 
 
 def test_probe_measures_a_rate_and_a_compilation():
