@@ -8,7 +8,6 @@ import numbers
 import os
 import sys
 import warnings
-from collections.abc import Iterable
 
 
 def check_bool(name: str, value) -> bool:
@@ -18,14 +17,6 @@ def check_bool(name: str, value) -> bool:
     raise TypeError(
         f"`{name}`={value!r} must be True or False (a bool, not {type(value).__name__})."
     )
-
-
-def check_choice(name: str, value, choices: Iterable[str]) -> str:
-    """`value` must be one of `choices` (a registry's names)."""
-    choices = sorted(choices)
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"`{name}`={value!r} is not known; choose one of {choices}.")
-    return value
 
 
 def check_variant(name: str, value, base: type, registry: dict, what: str):

@@ -238,3 +238,41 @@ def test_every_public_dataclass_field_is_documented():
     )
     stale = sorted(PENDING - missing)
     assert not stale, f"PENDING lists fields that are documented now; remove them: {stale}"
+
+
+CITED = re.compile(r"`(itde(?:_solvers)?(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` names a module, or an attribute reached from the longest module
+    prefix of it that imports."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_cited_name_exists():
+    """Every `itde.…` name a docstring, message, page or example writes in backticks is
+    one: `train/_finetune.py` cited `itde.fold_norms` and `_hf_t5.py`
+    `itde.interop.HF_ACTIVATIONS`, neither of which exists."""
+    files = [f for root in PACKAGES.values() for f in root.rglob("*.py")]
+    files += [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    files += [*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.md")]
+    files += [*(ROOT / "examples").rglob("*.py")]
+    cited: dict[str, set[str]] = {}
+    for f in files:
+        for m in CITED.finditer(f.read_text()):
+            cited.setdefault(m.group(1), set()).add(str(f.relative_to(ROOT)))
+    assert "itde.train.Run.eval_chunks" in cited or len(cited) > 100, len(cited)
+    dangling = {name: sorted(where) for name, where in cited.items() if not _resolves(name)}
+    assert not dangling, f"names cited that do not exist (name: files): {dangling}"
+    assert not _resolves("itde.fold_norms") and _resolves("itde.train.Run.eval_chunks")

@@ -6,7 +6,8 @@ its own memory and speed: a core is a variant of the operator's evaluation, not 
 operator. [`Attention`][itde.Attention] takes one as `core=`, a
 [`TransformerIDE`][itde.TransformerIDE] as `attention_core=`; a new core is a subclass of
 [`AbstractAttentionCore`][itde.AbstractAttentionCore] plus an entry in
-`itde.ATTENTION_CORES` (for configs and the CLI).
+`itde.ATTENTION_CORES`, the names `TransformerIDE(attention_core=...)` accepts (no config
+key or command-line flag reads them).
 """
 
 from __future__ import annotations
@@ -102,18 +103,19 @@ class Fused(AbstractAttentionCore):
         return fused_attention(q, k, v, implementation=self.implementation, **pair_terms)
 
 
-#: Attention cores by name, for configs and the CLI (`attention_core = "blocked"`).
+#: Attention cores by name, as `TransformerIDE(attention_core="blocked")` takes them.
 ATTENTION_CORES: dict[str, type[AbstractAttentionCore]] = {
     "dense": Dense,
     "blocked": Blocked,
     "fused": Fused,
 }
-"""Attention cores by name, for configs and the CLI (`attention_core = "blocked"`)."""
+"""Attention cores by name, as `TransformerIDE(attention_core="blocked")` takes them (no
+config key or command-line flag reads them)."""
 
 
 def as_attention_core(core) -> AbstractAttentionCore:
-    """An attention core from an instance or a name of `ATTENTION_CORES` (the edge where a
-    config's or the CLI's string becomes a module)."""
+    """An attention core from an instance or a name of `ATTENTION_CORES` (the edge where
+    `TransformerIDE(attention_core=...)`'s string becomes a module)."""
     return check_variant(
         "attention_core", core, AbstractAttentionCore, ATTENTION_CORES,
         "an itde attention core (itde.Dense(), itde.Blocked(block_size=...), itde.Fused())",

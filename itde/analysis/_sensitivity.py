@@ -264,12 +264,6 @@ def _token_result(flow, sig, res, real, iters, ok, n_jvps, n_vjps) -> TokenExpon
 
 
 # --------------------------------------------------------------------------- the engine
-def _orth(V):
-    r"""Orthonormal rows spanning the rows of `V` `[batch, p, n]` (QR; order kept)."""
-    Q, _ = jnp.linalg.qr(jnp.swapaxes(V, -1, -2))
-    return jnp.swapaxes(Q, -1, -2)
-
-
 def _orthonormal_rows(B, JB, AB, ref):
     r"""Orthonormal rows spanning the rows of `B` `[batch, q, n]` (with their images `JB`,
     `AB` under $J$ and $J^\top J$ mapped alike), by two passes of an eigendecomposition of

@@ -84,8 +84,9 @@ def _check_buckets(config) -> None:
 
 class T5EncoderFamily(AbstractHFFamily):
     """`T5EncoderModel` (T5 and T5 v1.1: `feed_forward_proj` `"relu"` or `"gated-gelu"`,
-    any activation of `itde.interop.HF_ACTIVATIONS`; `n_heads * d_kv` may differ from
-    `d_model`)."""
+    any activation of the Hugging Face names itde converts, `"relu"`, `"gelu"`,
+    `"gelu_new"`, `"silu"`, ...: another is refused with the list; `n_heads * d_kv` may
+    differ from `d_model`)."""
 
     classes: ClassVar[tuple[str, ...]] = ("T5EncoderModel",)
     fields: ClassVar[frozenset[str]] = T5_FIELDS

@@ -199,18 +199,6 @@ class HFVisionTransformer(eqx.Module):
             return self
         return dataclasses.replace(self, equation=self.equation.continuum_form())
 
-    def position_function(self, x: Float[Array, "points 2"]) -> Float[Array, "points features"]:
-        r"""The position function $p(x)$ at points `x` of the unit square ($x_1$ down the
-        image, $x_2$ across), through `interpolant`: at the native centres, the table."""
-        x = np.asarray(x, np.float64)
-        if x.ndim != 2 or x.shape[1] != 2:
-            raise ValueError(f"`x` must be points [points, 2] of the unit square, got {x.shape}.")
-        (n1, n2), d = self.grid_size, self.position_embeddings.shape[1]
-        table = self.position_embeddings[1:].reshape(n1, n2, d)
-        b1 = jnp.asarray(self.interpolant.basis(n1, x[:, 0]), table.dtype)
-        b2 = jnp.asarray(self.interpolant.basis(n2, x[:, 1]), table.dtype)
-        return jnp.einsum("ki,kj,ijd->kd", b1, b2, table)
-
     def positions_at(self, grid: tuple[int, int]) -> Float[Array, "tokens features"]:
         """The position rows `[1 + n1 n2, features]` the model adds at a patch `grid`: the
         class token's row, then the position function sampled at the grid's centres."""

@@ -22,9 +22,10 @@ series in depth fitted through the layers at the depths the Lie scheme reads the
 training scheme starts from the continuum limit of that interpolant instead, at a
 distance from the network that the run's first evaluation shows. Only models whose norms
 act inside the operators (pre-norm, parallel: GPT-2, Llama, Mistral, Qwen2, NeoX) are
-their own continuum form (`itde.fold_norms`); a post-norm model's LayerNorm gains are not
-projections and would need its continuum form's extra fields, so it is refused. A smooth
-model has no layers to write back: `export_hf` refuses it.
+their own continuum form (`itde.continuum_form` returns them unchanged); a post-norm
+model's LayerNorm gains are not projections and would need its continuum form's extra
+fields, so it is refused. A smooth model has no layers to write back: `export_hf` refuses
+it.
 
 **Resuming.** The run's config records `init`, and its checkpoints the SHA-256 of the
 directory's `config.json`, weights and `tokenizer.json`: `--resume` refuses a directory

@@ -260,9 +260,6 @@ def make_step(
 
 
 # ----------------------------------------------------------------------- sharding
-make_mesh = shd.make_mesh
-
-
 def check_batch(batch_size: int, n: int, what: str = "`optim.batch_size`", k: int = 1) -> None:
     """Raise unless `batch_size` is a multiple of the `n` devices of the mesh (times the
     `k` micro-batches of `[optim] accumulate`)."""
@@ -335,7 +332,7 @@ class Run:
         self.fsdp = cfg.parallel.fsdp if fsdp is None else fsdp
         shd.check_fsdp(self.fsdp, len(devices), "`parallel.fsdp`" if fsdp is None else "`fsdp`")
         check_batch(cfg.optim.batch_size, len(devices))
-        self.mesh = make_mesh(devices, self.fsdp)
+        self.mesh = shd.make_mesh(devices, self.fsdp)
         self.batch_sharding = NamedSharding(self.mesh, shd.BATCH)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.optimizer = make_optimizer(cfg.optim)
