@@ -20,9 +20,12 @@ import json
 import math
 
 import cli_coverage
+import equinox as eqx
+import jax
 import numpy as np
 import pytest
 
+import itde
 from itde.cli import main
 
 
@@ -175,7 +178,19 @@ def test_textlm_train_eval_analyze_and_study_at_tiny_size(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
     trained = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()][-1]
-    assert 0 < trained["eval_nats_per_token"] < 10
+    # the logged metric against its definition, recomputed here: the checkpoint's model
+    # (`jax.vmap` of it, not the batched solve evaluation runs) on the run's held-out
+    # windows, each position's -log softmax of its target in float64, averaged
+    model, run_cfg, meta = itde.train.load(run)
+    task = itde.train.TASKS["textlm"].from_checkpoint(run_cfg.task, meta["task"])
+    ((x, y),) = itde.train.Run(run_cfg, task=task, fsdp=1).eval_chunks()
+    logits = np.asarray(eqx.filter_jit(jax.vmap(model))(x), np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nats = -np.take_along_axis(logp, np.asarray(y)[..., None], -1).mean()
+    assert logits.shape == (4, 8, task.vocab) and x.shape == y.shape == (4, 8)
+    assert trained["eval_nats_per_token"] == pytest.approx(nats, rel=1e-5)
+    chars = meta["task"]["val_tokens"] / meta["task"]["val_chars"]
+    assert trained["eval_bits_per_char"] == pytest.approx(nats * chars / math.log(2), rel=1e-5)
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(run)]) == 0
     evaluated = json.loads(capsys.readouterr().out)
