@@ -72,15 +72,45 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 # Hypothesis (the property tests): few examples, since each new shape is an XLA compile; no
-# deadline (a first call compiles); derandomised where the environment variable CI is set
-# (`.ci/run` sets it), so that a CI run draws the same examples every time. Locally the
-# examples are random and the failures Hypothesis finds are kept in .hypothesis/.
+# deadline (a first call compiles). Locally the examples are random and the failures
+# Hypothesis finds are kept in .hypothesis/. Where the environment variable CI is set
+# (`.ci/run` sets it) the draws are reproducible but not fixed (tests/hypothesis_seed.py):
+# the run's seed is the tested commit's (its first 8 hex digits; the UTC date outside a git
+# checkout) and each property test draws from a seed of its own, derived from the run's and
+# its name. So each commit draws other inputs (derandomised runs replayed the same ones
+# forever), the run prints its seed in its header and under a failed property test, and
+# ITDE_HYPOTHESIS_SEED=N draws a run's inputs again (with or without CI). The controller
+# leaves the seed in the environment, so its workers and subprocesses draw from the same one.
+import hypothesis  # noqa: E402
+import hypothesis_seed  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+HYPOTHESIS_SEED = hypothesis_seed.run_seed()
+if HYPOTHESIS_SEED is not None:
+    os.environ[hypothesis_seed.SEED_VAR] = str(HYPOTHESIS_SEED)
 settings.register_profile("itde", max_examples=12, deadline=None, print_blob=True)
-settings.register_profile("itde-ci", parent=settings.get_profile("itde"), derandomize=True,
-                          database=None)  # fmt: skip
-settings.load_profile("itde-ci" if os.environ.get("CI") else "itde")
+settings.register_profile("itde-ci", parent=settings.get_profile("itde"), database=None)
+settings.load_profile("itde" if HYPOTHESIS_SEED is None else "itde-ci")
+
+
+def pytest_report_header(config):
+    return hypothesis_seed.header(HYPOTHESIS_SEED)
+
+
+def pytest_collection_modifyitems(config, items):
+    hypothesis_seed.seed_property_tests(items, HYPOTHESIS_SEED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed property test's report says the seed its inputs were drawn from."""
+    outcome = yield
+    report = outcome.get_result()
+    fn = getattr(item, "obj", None)
+    if (report.failed and HYPOTHESIS_SEED is not None and fn is not None
+            and hypothesis.is_hypothesis_test(fn)):  # fmt: skip
+        report.sections.append(("itde: Hypothesis seed",
+                                hypothesis_seed.replay(HYPOTHESIS_SEED, item.nodeid)))  # fmt: skip
 
 
 def pytest_configure(config):
