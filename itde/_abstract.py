@@ -45,6 +45,26 @@ class AbstractEquation(eqx.Module):
         return True
 
     @property
+    def discontinuity(self) -> str | None:
+        """None when the vector fields are continuous in the state; else which operator
+        jumps and where, in words: the feed-forward's `discontinuity` (a routed mixture of
+        experts) where the controls' blocks have one (an `AbstractBlock`), else None."""
+        ff = getattr(self.controls.blocks, "feedforward", None)
+        where = None if ff is None else ff.discontinuity
+        if where is None:
+            return None
+        return f"its feed-forward, a {type(ff).__name__}, is discontinuous in the state {where}"
+
+    def refuse_discontinuous(self, what: str, fix: str) -> None:
+        """Refuse `what` (a solver option or a form that assumes a field smooth in the state)
+        for an equation with a `discontinuity`, naming it and `fix`."""
+        why = self.discontinuity
+        if why is not None:
+            raise ValueError(
+                f"{what} assumes a vector field smooth in the state, but {why}. {fix}"
+            )
+
+    @property
     @abc.abstractmethod
     def n_features(self) -> int:
         """The number of feature nodes of the state."""

@@ -69,6 +69,17 @@ def continuum_form(model, **kwargs):
     return method(**kwargs)
 
 
+def refuse_not_smooth(equation) -> None:
+    """Refuse the continuum form of an equation whose field jumps in the state (a routed
+    mixture of experts): the form promises any solver at any step at its order."""
+    equation.refuse_discontinuous(
+        "`continuum_form` (a form any solver integrates at any step, at its order)",
+        "Solve the network itself at one step per layer (`itde.solve(model, u0)`, LieTrotter "
+        "with dt0 = one layer: the converted model exactly), or keep every expert (top_k = "
+        "the number of experts: a smooth field, but another network).",
+    )
+
+
 def fold_norms(model, input_affine: FeatureAffine | None = None):
     """The continuum form of a per-layer model (see the module's text): for a post-norm
     model, the same network in normalised coordinates, exact at $\\Delta t = 1$ and
@@ -87,6 +98,7 @@ def fold_norms(model, input_affine: FeatureAffine | None = None):
     **Returns:** a `TransformerIDE` whose `model(u0)` equals the original's (to
     round-off) on `u0` (on $P_0(e)$ with `input_affine`).
     """
+    refuse_not_smooth(model)
     if input_affine is not None:
         if not isinstance(input_affine, FeatureAffine):
             raise TypeError(

@@ -54,6 +54,14 @@ class AbstractFeedForward(eqx.Module):
 
         A discrete `FeedForward` returns `(self, None)`."""
 
+    @property
+    def discontinuity(self) -> str | None:
+        """None for an operator continuous in the state (every feed-forward but a routed
+        mixture of experts); else where it jumps, in words, which the solvers and continuum
+        forms that assume a smooth field (adaptive step-size controllers, `continuum_form`)
+        name when they refuse it."""
+        return None
+
     def with_input_affine(self, scale, shift, feature_weights: np.ndarray | None = None):
         r"""The same operator applied to $a \circ z + b$, with the affine map folded into
         its input weights: `op.with_input_affine(a, b)(z) == op(a * z + b)`. Discrete

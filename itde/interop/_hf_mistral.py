@@ -30,7 +30,12 @@ class MistralFamily(AbstractLlamaLike):
     def check(self, model, name):
         super().check(model, name)
         causal_checks(model.config)
-        w = getattr(model.config, "sliding_window", None)
+        self.check_window(model.config)
+
+    @staticmethod
+    def check_window(config) -> None:
+        """Refuse a `sliding_window` that is not None or an integer >= 1."""
+        w = getattr(config, "sliding_window", None)
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ValueError(
                 f"`config.sliding_window`={w!r} is not supported: it is the number of tokens "

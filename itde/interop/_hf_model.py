@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._continuum import refuse_not_smooth
 from .._equation import TransformerIDE
 from .._operators._affine import FeatureAffine
 from .._operators._layernorm import LayerNormProjection
@@ -93,7 +94,9 @@ class HFTransformer(eqx.Module):
         shift are folded into the first layer too, so the initial condition
         $P_0(e)$ lies on the constraint set; `m.continuum_form()(ids)` equals `m(ids)` (the
         source model) to round-off. A pre-norm model (GPT-2, Llama) is its own continuum
-        form and is returned unchanged."""
+        form and is returned unchanged. A model whose feed-forward jumps in the state (a
+        [`MixtureOfExperts`][itde.MixtureOfExperts]) is refused, naming it."""
+        refuse_not_smooth(self.equation)
         if not self.equation.block.has_constraint:
             return self
         norm, affine = self.embedding_norm, None
