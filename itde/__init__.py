@@ -105,6 +105,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._operators._layernorm import (  # noqa: F401
         LayerNormProjection,
     )
+    from ._operators._qknorm import (  # noqa: F401
+        AbstractQueryKeyNorm,
+        JointQKNorm,
+        PerHeadQKNorm,
+    )
     from ._operators._rmsnorm import (  # noqa: F401
         RMSNormProjection,
     )
@@ -153,6 +158,7 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         BLOCK_FORMS,
         FFN_FORMS,
         NORMS,
+        QK_NORMS,
         SCHEMES,
         TERMS_KINDS,
         Scheme,
@@ -199,6 +205,10 @@ _EXPORTS = {
     "ACTIVATIONS": "._registry",
     "ATTENTION_CORES": "._registry",
     "NORMS": "._registry",
+    "QK_NORMS": "._registry",
+    "AbstractQueryKeyNorm": "._operators._qknorm",
+    "PerHeadQKNorm": "._operators._qknorm",
+    "JointQKNorm": "._operators._qknorm",
     "AbstractBlockForm": "._blocks",
     "PostNorm": "._blocks",
     "PreNorm": "._blocks",

@@ -9,6 +9,8 @@ re-exported here, so this is the one place to look them up:
   `FFN_FORMS`: the post-norm feed-forward forms (`"relaxation"` -> `PostNorm(relaxation=True)`).
 - `NORMS` (`itde._controls`): normalisations, `"layer"` -> `LayerNormProjection`, ...
 - `ATTENTION_CORES` (`itde._operators._cores`): `"dense"` -> `Dense`, ...
+- `QK_NORMS` (`itde._operators._qknorm`): query/key normalisations, `"per_head"` ->
+  `PerHeadQKNorm`, `"joint"` -> `JointQKNorm`.
 - `ACTIVATIONS` (`itde._operators._feedforward`): activation functions.
 - `RULES` (`itde._quadrature._rules`): quadrature rules.
 - `SCHEMES` (here): depth integrators with their expected orders.
@@ -32,6 +34,7 @@ from ._blocks import BLOCK_FORMS, FFN_FORMS
 from ._controls import NORMS
 from ._operators._cores import ATTENTION_CORES
 from ._operators._feedforward import ACTIVATIONS
+from ._operators._qknorm import QK_NORMS
 from ._quadrature._rules import RULES
 from ._solve import TERMS_KINDS, terms_kind
 
@@ -70,6 +73,7 @@ __all__ = [
     "BLOCK_FORMS",
     "FFN_FORMS",
     "NORMS",
+    "QK_NORMS",
     "RULES",
     "SCHEMES",
     "TERMS_KINDS",

@@ -16,6 +16,7 @@ from ._abstract import AbstractAttention
 from ._cores import AbstractAttentionCore, Dense
 from ._mask import key_mask as _key_mask
 from ._precision import contract
+from ._qknorm import AbstractQueryKeyNorm
 from ._rope import rotate
 from ._window import TokenBand
 
@@ -68,6 +69,12 @@ class Attention(AbstractAttention):
     `[kv_heads, features, head_dim]`, `wv` `[kv_heads, features, value_dim]`, `wo`
     `[heads, value_dim, features]`, optional biases `bq` (`[heads, head_dim]`), `bk`
     (`[kv_heads, head_dim]`), `bv` (`[kv_heads, value_dim]`) and `bo` (`[features]`).
+
+    **Query/key normalisation** (`qk_norm`, optional): an
+    [`AbstractQueryKeyNorm`][itde.AbstractQueryKeyNorm]
+    ([`PerHeadQKNorm`][itde.PerHeadQKNorm], [`JointQKNorm`][itde.JointQKNorm]) projects the
+    queries and keys onto their spheres after the projections (biases included) and before
+    RoPE, as Qwen3, Gemma 3, OLMo 2 and OLMoE do.
     """
 
     wq: Float[Array, "heads features head_dim"] = kernel()
@@ -78,6 +85,7 @@ class Attention(AbstractAttention):
     bk: Float[Array, "kv_heads head_dim"] | None
     bv: Float[Array, "kv_heads value_dim"] | None
     bo: Float[Array, " features"] | None
+    qk_norm: AbstractQueryKeyNorm | None = None
 
     def __check_init__(self):
         if getattr(self.wq, "ndim", None) != 3:
@@ -104,6 +112,13 @@ class Attention(AbstractAttention):
             b = getattr(self, name)
             if b is not None and b.shape != shape:
                 raise ValueError(f"`Attention.{name}` has shape {b.shape}, expected {shape}.")
+        if self.qk_norm is not None:
+            if not isinstance(self.qk_norm, AbstractQueryKeyNorm):
+                raise TypeError(
+                    f"`Attention.qk_norm`={self.qk_norm!r} must be None or an itde query/key "
+                    "norm: itde.PerHeadQKNorm(q_norm, k_norm) or itde.JointQKNorm(...)."
+                )
+            self.qk_norm.check_shapes(h, hkv, dh)
 
     def with_input_affine(self, scale, shift, feature_weights=None) -> Attention:
         r"""`A(a \circ z + b)` as one attention: $a$ scales the rows of $W^Q, W^K, W^V$
@@ -118,7 +133,9 @@ class Attention(AbstractAttention):
                 return folded if b is None else b + folded
 
             bq, bk, bv = fold(bq, self.wq), fold(bk, self.wk), fold(bv, self.wv)
-        return Attention(wq=wq, wk=wk, wv=wv, wo=self.wo, bq=bq, bk=bk, bv=bv, bo=self.bo)
+        return Attention(
+            wq=wq, wk=wk, wv=wv, wo=self.wo, bq=bq, bk=bk, bv=bv, bo=self.bo, qk_norm=self.qk_norm
+        )
 
     def discretise(self, grid) -> tuple[Attention, None]:
         """Already discrete: `(self, None)` (unit head weights), on a grid of its width."""
@@ -320,12 +337,15 @@ class Attention(AbstractAttention):
     def project_qkv(self, u, *, feature_weights=None, rotary=None, fused=None):
         """The first half of the call: queries, keys and values
         `[heads or kv_heads, tokens, size]` of the tokens of `u`, queries and keys rotated
-        by `rotary` (keys and values not yet repeated for grouped-query attention). A token's
+        by `rotary` after `qk_norm` (keys and values not yet repeated for grouped-query
+        attention). A token's
         own row depends on that token alone, so a key/value cache
         ([`itde.KVCache`][itde.KVCache]) stores these rows. `fused`: this operator's
         [`fused_qkv`][itde.Attention.fused_qkv], computed once by a caller that projects
         many times."""
         q, k, v = self._qkv(_weighted(u, feature_weights), fused)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
         if rotary is not None:
             q, k = rotate(q, rotary), rotate(k, rotary)
         return q, k, v

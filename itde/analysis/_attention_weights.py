@@ -13,7 +13,6 @@ from jaxtyping import Array, Bool, Float
 from .._operators._attention import _weighted
 from .._operators._blocked import dense_softmax_parts
 from .._operators._mask import key_mask
-from .._operators._rope import rotate
 from ._common import _mask, _state, equation_of
 
 
@@ -57,7 +56,8 @@ def attention_weights(
 
     The operator has no public method that returns its weights; this function repeats
     `Attention.__call__`'s preparation of queries and keys with the operator's own pieces
-    (its fused QKV product, `rotate`, the grouped-query repeat, the head-weight scaling) and
+    (`project_qkv`: its QKV product, query/key norm and RoPE; the grouped-query repeat, the
+    head-weight scaling) and
     the dense core's pair terms and normalisation, and returns the weights instead of
     applying them to the values. So $\sum_p \gamma_m(x_k, x_p) V_m(x_p) W^O_m$, summed over
     the heads, plus the output bias, is the attention field (the tests check this against
@@ -86,10 +86,8 @@ def _attention_weights(eq, t, u, m):
         raise ValueError(f"`mask` must be [tokens] for one state, got shape {m.shape}.")
     att, head_weights, v, lw, causal, query_weights, signed = _attention_parts(eq, t, u, m)
     dtype = v.dtype
-    q, k, _ = att._qkv(_weighted(v, eq.feature_weights()))
-    rotary = eq._rotary(u)
-    if rotary is not None:
-        q, k = rotate(q, rotary), rotate(k, rotary)
+    # the operator's own queries and keys: its query/key norm, then RoPE
+    q, k, _ = att.project_qkv(v, feature_weights=eq.feature_weights(), rotary=eq._rotary(u))
     rep = att.n_heads // att.n_kv_heads
     if rep > 1:  # grouped-query attention: query head m reads key head m // rep
         k = jnp.repeat(k, rep, axis=0)

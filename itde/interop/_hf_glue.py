@@ -67,13 +67,20 @@ def _scaled(w, scale: float):
     return w if scale == 1.0 else w * np.asarray(scale, w.dtype)
 
 
-def attention(q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0) -> Attention:
+def attention(
+    q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0, qk_norm=None
+) -> Attention:
     """From four `nn.Linear` (Q, K, V, output projection). `q_scale` multiplies the query
     (weight and bias): a family whose score scaling is not $1/\\sqrt{d_\\mathrm{head}}$
-    folds the ratio into $W^Q$."""
+    folds the ratio into $W^Q$, or, with a query/key norm `qk_norm` (an
+    `AbstractQueryKeyNorm`, see `qk_norm`), into the queries' gain (the projection would undo
+    it on $W^Q$)."""
     hkv = h if hkv is None else hkv
+    if qk_norm is not None:
+        qk_norm, q_scale = qk_norm.scale_queries(q_scale), 1.0
     bq = heads_bias(q.bias, h)
     return Attention(
+        qk_norm=qk_norm,
         wq=heads_in(_scaled(lin(q), q_scale), h),
         wk=heads_in(lin(k), hkv),
         wv=heads_in(lin(v), hkv),
@@ -83,6 +90,13 @@ def attention(q, k, v, o, h: int, hkv: int | None = None, q_scale: float = 1.0) 
         bv=heads_bias(v.bias, hkv),
         bo=a(o.bias),
     )
+
+
+def qk_norm(kind, q_norm, k_norm, gain_offset: float = 0.0):
+    """The query/key norm of class `kind` (`PerHeadQKNorm`, `JointQKNorm`) from a
+    family's two RMSNorm modules (`self_attn.q_norm`, `self_attn.k_norm`); `gain_offset` as
+    in `rms_norm`."""
+    return kind(rms_norm(q_norm, gain_offset), rms_norm(k_norm, gain_offset))
 
 
 def layer_norm(ln, eps=None) -> LayerNormProjection:
@@ -250,8 +264,27 @@ def heads_flat_in(w) -> np.ndarray:
     return w.transpose(1, 0, 2).reshape(w.shape[1], -1)
 
 
-def put_attention(att: Attention, q, k, v, o, q_scale: float = 1.0) -> None:
-    """Write an `Attention` into four `nn.Linear` (the inverse of `attention`)."""
+def put_attention(
+    att: Attention, q, k, v, o, q_scale: float = 1.0, qk_norm=None, gain_offset: float = 0.0
+) -> None:
+    """Write an `Attention` into four `nn.Linear` (the inverse of `attention`), and its
+    query/key norm into `qk_norm`, the family's `(q_norm, k_norm)` modules (None: the
+    family has none)."""
+    if (att.qk_norm is None) != (qk_norm is None):
+        raise ValueError(
+            "`to_hf`: the itde attention has "
+            f"{'no query/key norm' if att.qk_norm is None else 'a query/key norm'} where the "
+            f"module has {'one' if qk_norm is not None else 'none'}; the model's family does "
+            "not match its weights."
+        )
+    if qk_norm is not None:
+        qn = att.qk_norm.q_norm
+        if q_scale != 1.0:  # exact: 1.0 is the number a family passes when nothing is folded
+            gain = np.asarray(qn.gain, np.float64) / q_scale
+            qn = RMSNormProjection(qn.sigma, gain, qn.eps)
+        put_rms_norm(qn, qk_norm[0], gain_offset)
+        put_rms_norm(att.qk_norm.k_norm, qk_norm[1], gain_offset)
+        q_scale = 1.0
     put_linear(q, heads_flat_in(att.wq) / q_scale,
                None if att.bq is None else np.asarray(att.bq).reshape(-1) / q_scale)  # fmt: skip
     put_linear(k, heads_flat_in(att.wk), None if att.bk is None else np.asarray(att.bk).reshape(-1))

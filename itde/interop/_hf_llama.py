@@ -127,6 +127,7 @@ def convert_llama_like(
     *,
     gain_offset: float = 0.0,
     embedding_scale: float | None = None,
+    qk_norm=None,
     **equation_fields,
 ) -> HFTransformer:
     """The equation of a Llama-like model (`embed_tokens`, `layers` of `self_attn` with
@@ -137,6 +138,8 @@ def convert_llama_like(
 
     - `gain_offset`: added to every RMSNorm weight (Gemma's gain is `1 + w`).
     - `embedding_scale`: the factor on the token embeddings (Gemma's $\\sqrt{d}$), or None.
+    - `qk_norm`: the class of the query/key norm of `self_attn.q_norm`/`k_norm`
+      (`PerHeadQKNorm`, `JointQKNorm`; their gains offset by `gain_offset` too), or None.
     - `equation_fields`: further keywords of the equation (`TransformerIDE`), e.g. an
       attention core.
     """
@@ -149,10 +152,11 @@ def convert_llama_like(
     blocks = []
     for layer in model.layers:
         at, mlp = layer.self_attn, layer.mlp
+        qk = None if qk_norm is None else g.qk_norm(qk_norm, at.q_norm, at.k_norm, gain_offset)
         blocks.append(
             Block(
                 g.attention(
-                    at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv, q_scale(at, head_dim)
+                    at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv, q_scale(at, head_dim), qk
                 ),
                 g.rms_norm(layer.input_layernorm, gain_offset),
                 g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
@@ -181,14 +185,18 @@ def convert_llama_like(
 
 
 def write_llama_like(m: HFTransformer, model, *, gain_offset: float = 0.0) -> None:
-    """Write a Llama-like `m` into `model` (the inverse of `convert_llama_like`)."""
+    """Write a Llama-like `m` into `model` (the inverse of `convert_llama_like`; the
+    query/key norms into `self_attn.q_norm`/`k_norm` where the module has them)."""
     g.put(model.embed_tokens.weight, m.word_embeddings)
     g.put_rms_norm(m.equation.final_norm, model.norm, gain_offset)
     g.check_rope(m.equation.rope, model.rotary_emb)
     for block, layer in zip(g.layers(m), model.layers, strict=True):
         at, mlp = layer.self_attn, layer.mlp
         scale = q_scale(at, at.head_dim)
-        g.put_attention(block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale)
+        qk = (at.q_norm, at.k_norm) if hasattr(at, "q_norm") else None
+        g.put_attention(
+            block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale, qk, gain_offset
+        )
         g.put_rms_norm(block.norm1, layer.input_layernorm, gain_offset)
         g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         g.put_rms_norm(block.norm2, layer.post_attention_layernorm, gain_offset)

@@ -39,31 +39,43 @@ class Qwen2Family(AbstractLlamaLike):
 
     def check(self, model, name):
         super().check(model, name)
-        config = model.config
-        causal_checks(config)
-        g.refuse(
-            config, "layer_types",
-            lambda v: v is None or len(set(v)) <= 1 and set(v) <= set(_KINDS),
-            "Qwen2 attends within config.sliding_window tokens in its 'sliding_attention' "
-            "layers (from config.max_window_layers on, with config.use_sliding_window) and "
-            "to every token in its 'full_attention' layers; the converted equation has one "
-            "attention window for its whole depth, so every layer must be 'full_attention' "
-            "or every layer 'sliding_attention'.",
-        )  # fmt: skip
-        if _sliding(config):
-            w = getattr(config, "sliding_window", None)
-            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise ValueError(
-                    f"`config.sliding_window`={w!r} is not supported: every layer is a "
-                    "'sliding_attention' layer, which reads the config.sliding_window tokens "
-                    "up to the query (itself included), so it must be an integer >= 1."
-                )
+        causal_checks(model.config)
+        check_layer_types(model.config, "Qwen2")
 
     def window(self, config):
         """The causal `SlidingWindow(config.sliding_window)` when every layer is a
         `"sliding_attention"` layer (Hugging Face's mask `kv_idx > q_idx - W`, as
         Mistral's); None (full attention) otherwise."""
-        return SlidingWindow(float(config.sliding_window)) if _sliding(config) else None
+        return layer_window(config)
+
+
+def check_layer_types(config, family: str) -> None:
+    """Refuse a `config.layer_types` of both kinds, and a window that is not a length, in
+    a family whose layers attend as Qwen2's (Qwen2, Qwen3)."""
+    g.refuse(
+        config, "layer_types",
+        lambda v: v is None or len(set(v)) <= 1 and set(v) <= set(_KINDS),
+        f"{family} attends within config.sliding_window tokens in its 'sliding_attention' "
+        "layers (from config.max_window_layers on, with config.use_sliding_window) and "
+        "to every token in its 'full_attention' layers; the converted equation has one "
+        "attention window for its whole depth, so every layer must be 'full_attention' "
+        "or every layer 'sliding_attention'.",
+    )  # fmt: skip
+    if _sliding(config):
+        w = getattr(config, "sliding_window", None)
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(
+                f"`config.sliding_window`={w!r} is not supported: every layer is a "
+                "'sliding_attention' layer, which reads the config.sliding_window tokens "
+                "up to the query (itself included), so it must be an integer >= 1."
+            )
+
+
+def layer_window(config):
+    """The equation's window of a config whose layers attend as `config.layer_types`
+    says (Qwen2, Qwen3): `SlidingWindow(config.sliding_window)` when every layer slides,
+    None when none does."""
+    return SlidingWindow(float(config.sliding_window)) if _sliding(config) else None
 
 
 _KINDS = ("full_attention", "sliding_attention")

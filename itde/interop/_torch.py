@@ -323,6 +323,12 @@ def to_torch(model: TransformerIDE, *, batch_first: bool = True):
             "encoder layer holds; it takes relu, gelu or gelu_tanh."
         )
     a0 = v.attention
+    if getattr(a0, "qk_norm", None) is not None:
+        raise ValueError(
+            f"`to_torch(model)`: the attention normalises its queries and keys "
+            f"({type(a0.qk_norm).__name__}); nn.MultiheadAttention has no query/key norm. "
+            "Write it back to its Hugging Face class with itde.interop.to_hf instead."
+        )
     if a0.n_kv_heads != a0.n_heads or a0.head_dim * a0.n_heads != d or a0.value_dim != a0.head_dim:
         raise ValueError(
             "`to_torch(model)`: nn.MultiheadAttention needs as many key/value heads as query "
