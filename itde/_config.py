@@ -374,11 +374,9 @@ class SolveConfig:
         positive("solve.n_tokens", self.n_tokens)
         positive("solve.dt", self.dt)
         seed("solve.seed", self.seed)
-        if self.dt > 1.0:
-            raise ConfigError(
-                f"`solve.dt`={self.dt} is longer than one layer (depth length 1): a step would "
-                "straddle a layer boundary and skip layers; use dt <= 1, e.g. 1 or 0.5"
-            )
+        from ._solve import check_depth_step
+
+        check_depth_step(self.dt, 1.0, name="solve.dt", error=ConfigError)
 
 
 @dataclasses.dataclass(frozen=True)

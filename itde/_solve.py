@@ -81,16 +81,25 @@ def _time_dtype(u0):
     return jnp.promote_types(u0.dtype, jnp.float32)
 
 
-def _check_depth_step(controls, dt0) -> None:
-    """A fixed step longer than a layer would straddle layer boundaries: refuse it."""
-    if isinstance(controls, PiecewiseConstant) and dt0 > controls.layer_length * (1 + 1e-9):
-        h = controls.layer_length
-        raise ValueError(
-            f"`dt0`={dt0} is longer than one layer (the layers have depth length {h}): a "
-            "step would straddle a layer boundary and skip layers' controls. Use "
-            f"dt0 <= {h}, e.g. dt0={h} (one step per layer, the discrete Transformer) or "
-            f"dt0={h / 2} (two steps per layer)."
+def check_depth_step(dt: float, layer_length: float, *, name: str = "dt0",
+                     error: type[Exception] = ValueError) -> None:  # fmt: skip
+    """The one rule for the depth step of per-layer controls: a fixed step longer than a
+    layer would straddle layer boundaries and skip layers' controls. `name`: the argument
+    named in the error (`"--dt"`, `"model.dt"`, ...); `error`: its type (a config's
+    `ConfigError`)."""
+    if dt > layer_length * (1 + 1e-9):
+        h = layer_length
+        raise error(
+            f"`{name}`={dt!r} is longer than one layer (the layers have depth length {h:g}): "
+            "a step would straddle a layer boundary and skip layers' controls; choose "
+            f"0 < {name} <= {h:g}, e.g. {h:g} (one step per layer, the discrete Transformer) "
+            f"or {h / 2:g} (two steps per layer)."
         )
+
+
+def _check_depth_step(controls, dt0) -> None:
+    if isinstance(controls, PiecewiseConstant):
+        check_depth_step(dt0, float(controls.layer_length))
 
 
 def solve(

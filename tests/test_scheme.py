@@ -231,3 +231,42 @@ def test_controls_part_is_that_operator_of_the_block():
                 chex.assert_trees_all_equal(controls(t, side, part), getattr(block, part))
     with pytest.raises(ValueError, match="`part`='ffn'.*feedforward"):
         per_layer(0.5, "right", "ffn")
+
+
+# ------------------------------------------------------------- the scheme registry
+#: The global orders of the methods, from their theory (not read from the code).
+THEORY_ORDERS = {"lie": 1, "strang": 2, "parallel": 1, "euler": 1, "heun": 2, "midpoint": 2,
+                 "rk4": 4, "tsit5": 5, "dopri5": 5, "dopri8": 8}  # fmt: skip
+
+
+def test_each_scheme_reads_its_order_from_its_solver():
+    """`Scheme.order` is the solver's own `order()` (nothing restated beside it), and it is
+    each method's theoretical global order."""
+    assert {name: s.order for name, s in itde.SCHEMES.items()} == THEORY_ORDERS
+    assert all(s.name == name for name, s in itde.SCHEMES.items())
+
+
+def test_solve_options_is_the_one_route_from_a_name_to_a_solve():
+    """`solve_options`: the solver, its terms and the step, checked against the controls
+    (per-layer: 'lie' only, a step of at most one layer; smooth: any scheme, at most T)."""
+    net = _model(L=2)
+    opts = itde.SCHEMES["lie"].solve_options(0.5, net.controls)
+    assert isinstance(opts["solver"], LieTrotter) and opts == {**opts, "terms": "paper",
+                                                                "dt0": 0.5}  # fmt: skip
+    with pytest.raises(ValueError, match=r"`--dt`=1.5 is longer than one layer .*length 1\)"):
+        itde.SCHEMES["lie"].solve_options(1.5, net.controls, name="--dt")
+    with pytest.raises(ValueError, match=r"`scheme`='rk4' integrates the continuum equation"):
+        itde.SCHEMES["rk4"].solve_options(0.5, net.controls)
+    with pytest.raises(ValueError, match=r"`dt`=0 must be a positive depth step"):
+        itde.SCHEMES["lie"].solve_options(0, net.controls)
+    smooth = itde.LegendreControls(net.controls.values, 0.0, 2.0)  # smooth in depth, T = 2
+    assert itde.SCHEMES["rk4"].solve_options(2.0, smooth)["dt0"] == 2.0
+    with pytest.raises(ValueError, match=r"`dt`=2.5 is longer than the depth T \(2\)"):
+        itde.SCHEMES["rk4"].solve_options(2.5, smooth)
+    u0 = jax.random.normal(jax.random.key(1), (5, 16))
+    ys = itde.solve(net, u0, **itde.SCHEMES["lie"].solve_options(0.5, net.controls)).ys[-1]
+    chex.assert_trees_all_close(ys, itde.solve(net, u0, solver=LieTrotter(), dt0=0.5).ys[-1])
+    with pytest.raises(ValueError, match=r"`name`='nope' is not known; choose one of \["):
+        from itde._registry import scheme
+
+        scheme("nope", what="`name`")

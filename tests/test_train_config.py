@@ -43,7 +43,7 @@ def test_shipped_configs_parse_and_sort_is_the_default():
         ('[model]\nscheme = "rk5"\n', r"`model.scheme`='rk5' is not known; choose .*'rk4'"),
         ('[model]\nactivation = "tanh"\n', r"`model.activation`='tanh' is not known; choose"),
         ('[model]\nffn_form = "gated"\n', r"`model.ffn_form`='gated' is not known; choose one of"),
-        ("[model]\ndt = 2.0\n", r"`model.dt`=2.0 is longer than a layer; choose 0 < dt <= 1"),
+        ("[model]\ndt = 2.0\n", r"`model.dt`=2.0 is longer than one layer .*choose 0 < model.dt <= 1"),
         ('[model]\nscheme = "rk4"\ndt = 3.0\n', r"`model.dt`=3.0 is longer than the depth T"),
         ('[model]\nscheme = "rk4"\neps = 1e-5\n', r"`model.eps`=1e-05 must be 0 with the conti"),
         ("[model]\nn_modes = 3\n", r"`model.n_modes` applies to continuous-depth schemes"),

@@ -199,7 +199,7 @@ def test_a_changed_directory_is_refused_on_resume(cfg, gpt2_dir, tmp_path):
         ({"model": {"init": "gpt2"}}, "`model.init`='gpt2' must be 'hf:DIR'"),
         ({"task": {"tokenizer": "char"}}, "`task.tokenizer`='char': `model.init`="),
         ({"model": {"n_modes": 2}}, "`model.n_modes` applies to continuous-depth schemes"),
-        ({"model": {"dt": 2.0}}, "`model.dt`=2.0 is longer than a layer"),
+        ({"model": {"dt": 2.0}}, "`model.dt`=2.0 is longer than one layer"),
     ],
 )
 def test_bad_finetune_configs_are_refused(gpt2_dir, tmp_path, change, said):

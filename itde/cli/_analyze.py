@@ -41,13 +41,10 @@ def _config_problem(path: str | None, n: int, overrides=()):
 
 def _solver(model, scheme: str, dt: float, dt_flag: str):
     """The depth integrator of a scheme name (checked against the model's controls)."""
-    from .._registry import SCHEMES
+    from .._registry import scheme as scheme_named
     from ..analysis._common import equation_of
-    from ..train._model import check_depth
 
-    check_depth(equation_of(model), scheme, dt, name=dt_flag)
-    s = SCHEMES[scheme]
-    return {"solver": s.make(), "dt0": dt, "terms": s.terms}
+    return scheme_named(scheme).solve_options(dt, equation_of(model).controls, name=dt_flag)
 
 
 def _check_iteration_flags(args) -> None:

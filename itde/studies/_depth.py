@@ -134,19 +134,13 @@ def _scheme_rows(model, u0, ref, names, dts, max_n, bar, prefix: str = "") -> li
     rows = []
     for name in names:
         scheme = SCHEMES[name]
-        solver = scheme.make()
 
         @jax.jit
-        def final(dt, solver=solver, kind=scheme.terms):
+        def final(dt, scheme=scheme):
             sol = solve(
-                model,
-                u0,
-                solver=solver,
-                terms=kind,
-                dt0=dt,
-                stepsize_controller=diffrax.ConstantStepSize(),
-                max_steps=max_n + 2,
-            )
+                model, u0, **scheme.solve_options(dt),
+                stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_n + 2,
+            )  # fmt: skip
             return sol.ys[-1]
 
         errors, on_set = [], []

@@ -219,9 +219,7 @@ def run_grid_study(cfg: ConvergeExperiment, axis: str, progress: bool = True) ->
 
             def solve_fn(model, u0, n=None, scheme=scheme):
                 steps = max(1, n // 4)
-                return solve(
-                    model, u0, solver=scheme.make(), terms=scheme.terms, dt0=model.depth / steps
-                ).ys[-1]
+                return solve(model, u0, **scheme.solve_options(model.depth / steps)).ys[-1]
 
             def ref_fn(model, u0):
                 return solve(

@@ -79,9 +79,8 @@ def _final(model, u0, mask, dt, name: str, max_steps: int, progress_meter=None):
     """The model's output map of $u(T)$ for a batch, one compilation per scheme and model
     (the step is traced: constant steps, which divide every layer here); `progress_meter`
     as `itde.solve`'s (a `StageMeter` for the reference: a line each tenth of the solve)."""
-    s = SCHEMES[name]
     sol = solve(
-        model, u0, solver=s.make(), terms=s.terms, dt0=dt, batched=True, args=mask,
+        model, u0, **SCHEMES[name].solve_options(dt), batched=True, args=mask,
         stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps,
         progress_meter=progress_meter,
     )  # fmt: skip

@@ -20,6 +20,7 @@ from .. import _config
 from .._blocks import BLOCK_FORMS
 from .._config import ConfigError, choices, positive, seed
 from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
+from .._solve import check_depth_step
 from ..data._tokenizers import HF_TOKENIZER
 
 __all__ = [
@@ -246,12 +247,12 @@ class ModelConfig:
             )
         choices("model.activation", self.activation, ACTIVATIONS)
         choices("model.ffn_form", self.ffn_form, tuple(FFN_FORMS))
-        limit = float(self.n_layers) if self.continuous else 1.0
-        if self.dt > limit:
+        if not self.continuous:
+            check_depth_step(self.dt, 1.0, name="model.dt", error=ConfigError)
+        elif self.dt > self.n_layers:
             raise ConfigError(
-                f"`model.dt`={self.dt} is longer than "
-                + (f"the depth T = n_layers = {self.n_layers}" if self.continuous else "a layer")
-                + f"; choose 0 < dt <= {limit:g}"
+                f"`model.dt`={self.dt} is longer than the depth T = n_layers = "
+                f"{self.n_layers}; choose 0 < dt <= {self.n_layers}"
             )
         if self.continuous:
             if self.n_modes is None:
@@ -299,8 +300,8 @@ class ModelConfig:
             self._refuse_modes()
         elif self.n_modes is not None:
             positive("model.n_modes", self.n_modes)
-        if not self.continuous and self.dt > 1.0:
-            raise ConfigError(f"`model.dt`={self.dt} is longer than a layer; choose 0 < dt <= 1")
+        if not self.continuous:
+            check_depth_step(self.dt, 1.0, name="model.dt", error=ConfigError)
 
     @property
     def continuous(self) -> bool:

@@ -33,12 +33,12 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._blocks import block_from_names
-from .._controls import LegendreControls, PiecewiseConstant
+from .._controls import LegendreControls
 from .._equation import TransformerIDE
 from .._operators._layernorm import LayerNormProjection
 from .._quadrature._rules import Grid, Midpoint, PeriodicTrapezoid
 from .._random import normal, uniform
-from .._registry import SCHEMES
+from .._registry import scheme as scheme_named
 from .._roles import kernel
 from .._solve import solve
 
@@ -55,32 +55,12 @@ __all__ = [
 
 
 def check_depth(ide: TransformerIDE, scheme: str, dt: float, *, name: str = "dt") -> None:
-    """Trace-time check that the depth `scheme` and step `dt` fit the model's controls.
-
-    Per-layer controls take the paper's scheme `"lie"` with $0 < \\Delta t \\le$ one layer
-    (a longer step would skip layers); controls smooth in depth take any scheme with
-    $0 < \\Delta t \\le T$. `name` is the argument named in the error (`"--dt"` for the CLI).
+    """Trace-time check that the depth `scheme` and step `dt` fit the model's controls
+    (`itde.Scheme.check`: per-layer controls take the paper's scheme `"lie"` with
+    $0 < \\Delta t \\le$ one layer, controls smooth in depth any scheme with
+    $0 < \\Delta t \\le T$). `name` is the argument named in the error (`"--dt"` for the CLI).
     """
-    if isinstance(dt, bool) or not (isinstance(dt, int | float) and math.isfinite(dt) and dt > 0):
-        raise ValueError(f"`{name}`={dt!r} must be a positive depth step, e.g. 1.0.")
-    if scheme not in SCHEMES:
-        raise ValueError(f"`scheme`={scheme!r} is not known; choose one of {sorted(SCHEMES)}.")
-    controls = ide.controls
-    if isinstance(controls, PiecewiseConstant):
-        if scheme != "lie":
-            raise ValueError(
-                f"`scheme`={scheme!r} integrates the continuum equation, which needs controls "
-                "smooth in depth with the exact projection (eps = 0); this model has per-layer "
-                "controls (trained with scheme 'lie'): evaluate it with scheme 'lie' and any dt."
-            )
-        limit, what = float(controls.layer_length), "one layer"
-    else:
-        limit, what = float(controls.t1 - controls.t0), "the depth T"
-    if dt > limit * (1 + 1e-12):
-        raise ValueError(
-            f"`{name}`={dt!r} is longer than {what} ({limit:g}): a step may not skip depth; "
-            f"choose 0 < {name} <= {limit:g} (e.g. {limit / 2:g})."
-        )
+    scheme_named(scheme).check(ide.controls, dt, name=name)
 
 
 def integrate(
@@ -92,11 +72,10 @@ def integrate(
     Reverse mode differentiates the discrete scheme exactly (discretise-then-optimise)
     through `itde.solve`'s default adjoint, `diffrax.RecursiveCheckpointAdjoint` (with one
     checkpoint per step for these fixed-step solves)."""
-    check_depth(ide, scheme, dt)
-    s = SCHEMES[scheme]  # `solve` starts the continuum equation from P_{S1(t0)}(u0)
+    options = scheme_named(scheme).solve_options(dt, ide.controls)
     saveat = diffrax.SaveAt(t0=True, steps=True) if path else None
-    ys = solve(ide, u0, solver=s.make(), dt0=dt, terms=s.terms, batched=batched,
-               saveat=saveat).ys  # fmt: skip
+    # `solve` starts the continuum equation from P_{S1(t0)}(u0)
+    ys = solve(ide, u0, **options, batched=batched, saveat=saveat).ys
     assert ys is not None
     return ys if path else ys[-1]
 

@@ -26,7 +26,7 @@ from .._config import SEED_MAX
 from .._generate import AbstractDecoder, check_cache, generate_rows, window_length
 from .._generate import cacheable as engine_cacheable
 from .._kv_cache import check_cacheable
-from .._registry import SCHEMES
+from .._registry import scheme as scheme_named
 from .._sampling import IncrementalDecoder, _scalar, check_filters, check_filters_sample
 from ._model import TokenModel, integrate
 
@@ -57,7 +57,7 @@ class TokenDecoder(AbstractDecoder):
 
     @property
     def solver(self):
-        return SCHEMES[self.token_model.scheme].make()
+        return scheme_named(self.token_model.scheme).make()
 
     @property
     def dt0(self):
