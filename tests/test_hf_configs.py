@@ -45,7 +45,7 @@ BASE = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBer
 EXPECTED = {
     "all-minilm-l6-v2": None, "bert-base-uncased": None, "distilbert-base-uncased": None,
     "distilgpt2": None, "gemma-2b": None, "gpt2": None, "llama-3.2-1b": None,
-    "mistral-7b-v0.1": None, "pythia-70m": None, "qwen2.5-0.5b": None,
+    "mistral-7b-v0.1": None, "pythia-70m": None, "qwen2.5-0.5b": None, "qwen3-0.6b": None,
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
     "smollm2-360m": None, "t5-small": None, "vit-base-patch16-224-in21k": None,
 }  # fmt: skip
