@@ -175,3 +175,48 @@ def test_backsolve_adjoint_steps_over_the_pinned_adjointterm():
     jax.grad(final)(jnp.asarray(-0.5))
     inner_types = {inner for _, inner in seen}
     assert _diffrax_private.AdjointTerm in inner_types, f"{CHANGED} (saw {inner_types})"
+
+
+def _private_diffrax_imports(path: Path) -> list[str]:
+    """The `diffrax._...` modules a file imports (`import diffrax._x`, `from diffrax._x
+    import ...`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [n for n in names if n.startswith("diffrax._")]
+    return found
+
+
+def test_diffrax_privates_are_imported_in_the_shim_only():
+    """Every diffrax private the project uses is imported in itde_solvers/_diffrax_private.py,
+    whose pin and tests say where it was verified; nowhere else (itde/studies/_meter.py
+    imported diffrax._progress_meter by itself)."""
+    shim = FOLDER / "itde_solvers" / "_diffrax_private.py"
+    assert _private_diffrax_imports(shim), "the scan sees no private import in the shim"
+    files = [
+        *(ROOT / "itde").rglob("*.py"),
+        *FOLDER.rglob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
+    ]
+    outside = {str(f.relative_to(ROOT)): _private_diffrax_imports(f) for f in files if f != shim}
+    assert not {f: m for f, m in outside.items() if m}
+
+
+def test_the_pinned_progress_meter_registry_threads_a_bar():
+    """`progress_meter_manager` (diffrax._progress_meter) opens, steps and closes a bar by
+    the index its `init` returns, as itde's StageMeter calls it."""
+    manager = _diffrax_private.progress_meter_manager
+    seen = []
+
+    @jax.jit
+    def solve_like(progress):
+        idx = manager.init(lambda: seen.append("open") or "bar")
+        idx = manager.step(lambda bar, p: seen.append((bar, float(p))), progress, idx)
+        manager.close(lambda bar: seen.append(("close", bar)), idx)
+        return progress
+
+    jax.block_until_ready(solve_like(jnp.asarray(0.5)))
+    jax.effects_barrier()
+    assert seen == ["open", ("bar", 0.5), ("close", "bar")], f"{CHANGED} (saw {seen})"

@@ -19,8 +19,9 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
-# diffrax's host-side registry of open bars (threads each callback's bar through the solve)
-from diffrax._progress_meter import _progress_meter_manager as _manager
+# diffrax's host-side registry of open bars (threads each callback's bar through the solve),
+# a diffrax private reached through the project's one shim for those
+from itde_solvers._diffrax_private import progress_meter_manager as _manager
 
 _CURRENT: list[tuple] = []  # (label, enabled, postfix) of the solves now running
 

@@ -1,10 +1,16 @@
-r"""The two diffrax classes this package needs that diffrax does not re-export.
+r"""The diffrax internals this project needs that diffrax does not re-export (the one place
+they are imported, for itde_solvers and itde alike).
 
 - `WrapTerm`: `diffeqsolve` hands a solver every term wrapped in it (it flips time for a
   backward solve, $t \mapsto$ `direction` $\cdot t$). The splitting solvers unwrap it to
   reach the `SplitTerm` and push the wrap down onto each sub-flow.
 - `AdjointTerm`: `diffrax.BacksolveAdjoint` runs its backward (adjoint) solve over the
   terms wrapped in it; `Projected` recognises that solve and runs it unprojected.
+
+- `progress_meter_manager`: diffrax's host-side registry of open progress bars (`init`,
+  `step`, `close`, each threaded through a solve by the meter's callbacks), which a
+  progress meter of one's own reports through (`itde.studies._meter.StageMeter`); it lives
+  in `diffrax._progress_meter`.
 
 Also the messages of `diffrax.RESULTS` by index and a result's index (equinox's
 `Enumeration` keeps them in `_index_to_message` and `_value`): a program that returns
@@ -21,6 +27,7 @@ names the pin when they fail. Import them from here only.
 """
 
 import diffrax
+from diffrax._progress_meter import _progress_meter_manager as progress_meter_manager
 from diffrax._term import AdjointTerm, WrapTerm
 
 KNOWN_DIFFRAX = ">=0.7.2,<0.8"  # keep equal to the `diffrax` line of pyproject.toml
@@ -36,4 +43,11 @@ def result_index(result):
     return result._value
 
 
-__all__ = ["AdjointTerm", "KNOWN_DIFFRAX", "WrapTerm", "result_index", "result_messages"]
+__all__ = [
+    "AdjointTerm",
+    "KNOWN_DIFFRAX",
+    "WrapTerm",
+    "progress_meter_manager",
+    "result_index",
+    "result_messages",
+]
