@@ -113,8 +113,8 @@ def test_misspelt_subcommand_and_choice_name_the_nearest(capsys):
         "'converge', 'analyze', 'train', 'eval', 'sample'); did you mean 'train'?"
     )
     assert "did you mean 'analyze'?" in _exit(["analyse"], capsys)
-    err = _exit(["eval", "--checkpoint", "x", "--solver", "rk5"], capsys)
-    assert err.strip().splitlines()[-1].startswith("itde eval: error: argument --solver: ")
+    err = _exit(["eval", "--checkpoint", "x", "--scheme", "rk5"], capsys)
+    assert err.strip().splitlines()[-1].startswith("itde eval: error: argument --scheme: ")
     assert err.rstrip().endswith("did you mean 'rk4'?"), err
     assert "did you mean" not in _exit(["converge", "--axis", "zzz"], capsys)
 

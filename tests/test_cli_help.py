@@ -96,7 +96,7 @@ def test_every_command_has_a_description_and_says_what_it_writes():
 def test_every_option_has_help_with_its_default_and_choices():
     for name, p in _subparsers(build_parser()).items():
         for a in p._actions:
-            if a.dest == "help":
+            if a.dest == "help" or a.help == argparse.SUPPRESS:  # help, deprecated aliases
                 continue
             where = f"itde {name} {a.option_strings[0]}"
             assert a.help, f"{where} has no help"
@@ -110,17 +110,40 @@ def test_every_option_has_help_with_its_default_and_choices():
 
 def test_choices_come_from_the_registries_and_are_checked():
     subs = _subparsers(build_parser())
-    solver = [a for a in subs["eval"]._actions if a.dest == "solver"][0]
-    assert list(solver.choices) == list(itde.SCHEMES)
+    scheme = [a for a in subs["eval"]._actions if a.option_strings == ["--scheme"]][0]
+    assert list(scheme.choices) == list(itde.SCHEMES)
     help_text = subs["eval"].format_help()
     assert "itde._registry" not in help_text and "rk4" in help_text
     axis = [a for a in subs["converge"]._actions if a.dest == "axis"][0]
     assert list(axis.choices) == ["depth", "tokens", "features", "all"]
 
 
-def test_unknown_solver_is_refused_naming_the_choices(capsys):
+@pytest.mark.parametrize("option", ["--scheme", "--solver"])
+def test_unknown_scheme_is_refused_naming_the_choices(option, capsys):
     with pytest.raises(SystemExit) as e:
-        itde.cli.main(["eval", "--checkpoint", "x", "--solver", "rk5"])
+        itde.cli.main(["eval", "--checkpoint", "x", option, "rk5"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--solver" in err and "'rk5'" in err and "'rk4'" in err
+    assert f"argument {option}:" in err and "'rk5'" in err and "'rk4'" in err
+
+
+def test_eval_solver_is_a_deprecated_alias_of_scheme(capsys):
+    """`itde eval --solver` (its name before `--scheme`, which every other command
+    uses) still works for one release: the same value, a one-line note on stderr, and
+    out of the help and the reference page."""
+    from itde.cli._reference import reference_markdown
+
+    eval_ = _subparsers(build_parser())["eval"]
+    for scheme in itde.SCHEMES:
+        new = eval_.parse_args(["--checkpoint", "x", "--scheme", scheme])
+        assert capsys.readouterr().err == ""
+        old = eval_.parse_args(["--checkpoint", "x", "--solver", scheme])
+        assert vars(old) == vars(new) and new.scheme == scheme
+        assert capsys.readouterr().err == (
+            "itde eval: warning: --solver is deprecated and goes in the next release; "
+            "use --scheme\n"
+        )
+    assert eval_.parse_args(["--checkpoint", "x"]).scheme is None
+    assert "--solver" not in eval_.format_help() and "--scheme SCHEME" in eval_.format_help()
+    page = reference_markdown(build_parser())
+    assert "--solver" not in page and "| `--scheme` | `SCHEME` |" in page

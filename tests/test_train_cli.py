@@ -55,11 +55,11 @@ def test_burgers_train_then_eval_on_other_grid_step_and_scheme(tmp_path, capsys)
     assert wrote.startswith("wrote ") and all(str(out / f) in wrote for f in files), wrote
     assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
     results = {}
-    for extra in ([], ["--grid", "16", "--solver", "rk4", "--dt", "0.5"]):
+    for extra in ([], ["--grid", "16", "--scheme", "rk4", "--dt", "0.5"]):
         assert main(["eval", "--checkpoint", str(out), *extra]) == 0
         results[" ".join(extra)] = json.loads(capsys.readouterr().out)
     assert results[""]["eval_rel_l2"] == pytest.approx(trained)
-    other = results["--grid 16 --solver rk4 --dt 0.5"]
+    other = results["--grid 16 --scheme rk4 --dt 0.5"]
     assert (other["grid"], other["scheme"], other["dt"]) == (16, "rk4", 0.5)
     assert other["eval_rel_l2"] != results[""]["eval_rel_l2"]
     _fail = main(["eval", "--checkpoint", str(out), "--grid", "9"])

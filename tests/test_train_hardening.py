@@ -102,7 +102,7 @@ def test_eval_and_sample_of_the_run(charlm, capsys):
     assert said.out.rstrip("\n") == text and said.err == ""
     _fail(capsys, ["sample", "--checkpoint", str(out), "--prompt", "\u00e9"], "vocabulary")
     # a per-layer (Transformer-regime) model cannot be integrated by a continuum scheme
-    _fail(capsys, ["eval", "--checkpoint", str(out), "--solver", "rk4"], "scheme 'lie'")
+    _fail(capsys, ["eval", "--checkpoint", str(out), "--scheme", "rk4"], "scheme 'lie'")
 
 
 def _stages(err: str, command: str, *stages: str) -> None:

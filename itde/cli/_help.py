@@ -10,6 +10,7 @@ import argparse
 import difflib
 import importlib
 import re
+import sys
 from collections.abc import Sequence
 
 
@@ -60,7 +61,7 @@ class Parser(argparse.ArgumentParser):
     Its mistakes are those of the command they belong to: an argument a subcommand does not
     know is reported with that subcommand's usage and prefix (`itde train: error: ...`,
     not the top level's), with the nearest option it has; a value that is not one of the
-    choices (a misspelt subcommand, `--solver rk5`) names the nearest choice.
+    choices (a misspelt subcommand, `--scheme rk5`) names the nearest choice.
 
     Every negative number is a value, not an option (`--rtol -1e-6`, `--dt -inf`): argparse
     takes only `-1` and `-0.5` for numbers, so `-1e-6` ended in "expected one argument"
@@ -112,6 +113,25 @@ class Parser(argparse.ArgumentParser):
             if callable(text):
                 setattr(self, attr, text())
         return super().format_help()
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, kept one release: it stores into the new option's
+    `dest` (its value checked against the same `choices`) after a one-line note on stderr
+    naming the new spelling, and is left out of the help and the reference page.
+
+    `p.add_argument("--solver", dest="scheme", action=DeprecatedAlias, new="--scheme",
+    choices=...)` beside `p.add_argument("--scheme", choices=...)`."""
+
+    def __init__(self, option_strings, dest, *, new: str, **kwargs):
+        kwargs["help"] = argparse.SUPPRESS
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is deprecated and goes in the next "
+              f"release; use {self.new}", file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, values)
 
 
 def writes(*files: tuple[str, str]) -> str:

@@ -23,6 +23,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
             continue
+        if action.help == argparse.SUPPRESS:  # a deprecated alias (DeprecatedAlias)
+            continue
         names = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
         if action.nargs == 0:
             value = ""

@@ -14,7 +14,7 @@ import json
 import sys
 
 from .._config import ConfigError
-from ._help import Names, add_set_option, writes
+from ._help import DeprecatedAlias, Names, add_set_option, writes
 
 
 def _load_config(path, overrides=(), resume=None):
@@ -129,10 +129,10 @@ def cmd_eval(args) -> int:
         # restriction`) at r times the step, as multilevel training runs its coarse levels
         from ..train import coarsen
 
-        model = coarsen(with_depth(model, args.solver), args.dt, run.cfg.multilevel.restriction,
+        model = coarsen(with_depth(model, args.scheme), args.dt, run.cfg.multilevel.restriction,
                         name="--dt")
     else:
-        model = with_depth(model, args.solver, args.dt, name="--dt")
+        model = with_depth(model, args.scheme, args.dt, name="--dt")
     if not run.cfg.model.continuous and model.dt < trained.dt:
         print(
             f"itde eval: warning: {args.checkpoint!r} holds a per-layer model (scheme "
@@ -286,7 +286,7 @@ def add_train_commands(sub) -> None:
         description=(
             "Evaluate a checkpoint of `itde train` on its held-out set (rebuilt from the\n"
             "checkpoint; no data file is read) and print one JSON line: step, scheme, dt,\n"
-            "examples and the task's metrics. --dt / --solver change the depth step and\n"
+            "examples and the task's metrics. --dt / --scheme change the depth step and\n"
             "scheme: for a continuous-depth model (a smooth scheme such as rk4) that is a\n"
             "finer or coarser solve of the same equation; for a per-layer model ('lie',\n"
             "the default) another step is a different network, and the command says so."
@@ -302,9 +302,11 @@ def add_train_commands(sub) -> None:
     p.add_argument("--dt", type=float, metavar="DT", help="depth step, 0 < DT <= the depth "
                    "(default: the trained step); a per-layer model at DT = r layers keeps "
                    "every r-th layer ([multilevel] restriction) at r times the step")  # fmt: skip
-    p.add_argument("--solver", choices=Names("itde", "SCHEMES"), metavar="SCHEME",
+    p.add_argument("--scheme", choices=Names("itde", "SCHEMES"), metavar="SCHEME",
                    help="depth scheme, one of %(choices)s; 'lie' for per-layer models, the "
                    "others for continuous-depth ones (default: the trained scheme)")  # fmt: skip
+    p.add_argument("--solver", dest="scheme", action=DeprecatedAlias, new="--scheme",
+                   choices=Names("itde", "SCHEMES"), metavar="SCHEME")  # fmt: skip
     p.add_argument("--grid", type=int, metavar="N", help="burgers only: grid points of the "
                    "token domain (default: the trained grid)")  # fmt: skip
     p.add_argument("--size", type=int, metavar="N", help="held-out examples, > 0, rounded "
