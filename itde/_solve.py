@@ -552,6 +552,14 @@ def _check_arguments(
             f"wrap this one in diffrax.HalfSolver({type(solver).__name__}()), or take fixed "
             "steps (a `dt0` and no controller)."
         )
+    if isinstance(stepsize_controller, diffrax.AbstractAdaptiveStepSizeController):
+        model.refuse_discontinuous(
+            f"`stepsize_controller`={type(stepsize_controller).__name__} (an adaptive step, "
+            "chosen from an error estimate)",
+            "Take fixed steps (a `dt0` and no controller; the default one step per layer with "
+            "LieTrotter is the network itself), or keep every expert (top_k = the number of "
+            "experts: a smooth field, but another network).",
+        )  # fmt: skip
     _check_save_times(saveat, t0, t1)
     return t0, t1, dt0, max_steps, batched
 

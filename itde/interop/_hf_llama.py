@@ -128,6 +128,7 @@ def convert_llama_like(
     gain_offset: float = 0.0,
     embedding_scale: float | None = None,
     qk_norm=None,
+    feedforward=None,
     **equation_fields,
 ) -> HFTransformer:
     """The equation of a Llama-like model (`embed_tokens`, `layers` of `self_attn` with
@@ -140,6 +141,8 @@ def convert_llama_like(
     - `embedding_scale`: the factor on the token embeddings (Gemma's $\\sqrt{d}$), or None.
     - `qk_norm`: the class of the query/key norm of `self_attn.q_norm`/`k_norm`
       (`PerHeadQKNorm`, `JointQKNorm`; their gains offset by `gain_offset` too), or None.
+    - `feedforward`: a layer's feed-forward, `feedforward(layer, activation)` (a mixture of
+      experts' `mlp`); None: the gated `mlp.gate_proj`, `up_proj`, `down_proj`.
     - `equation_fields`: further keywords of the equation (`TransformerIDE`), e.g. an
       attention core.
     """
@@ -150,8 +153,14 @@ def convert_llama_like(
     head_dim = model.layers[0].self_attn.head_dim
     rope = check_rotary(model, name, head_dim)
     blocks = []
+    if feedforward is None:
+
+        def feedforward(layer, act):
+            mlp = layer.mlp
+            return g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
+
     for layer in model.layers:
-        at, mlp = layer.self_attn, layer.mlp
+        at = layer.self_attn
         qk = None if qk_norm is None else g.qk_norm(qk_norm, at.q_norm, at.k_norm, gain_offset)
         blocks.append(
             Block(
@@ -159,7 +168,7 @@ def convert_llama_like(
                     at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv, q_scale(at, head_dim), qk
                 ),
                 g.rms_norm(layer.input_layernorm, gain_offset),
-                g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
+                feedforward(layer, act),
                 g.rms_norm(layer.post_attention_layernorm, gain_offset),
             )
         )
@@ -184,21 +193,28 @@ def convert_llama_like(
     )
 
 
-def write_llama_like(m: HFTransformer, model, *, gain_offset: float = 0.0) -> None:
+def write_llama_like(
+    m: HFTransformer, model, *, gain_offset: float = 0.0, put_feedforward=None
+) -> None:
     """Write a Llama-like `m` into `model` (the inverse of `convert_llama_like`; the
-    query/key norms into `self_attn.q_norm`/`k_norm` where the module has them)."""
+    query/key norms into `self_attn.q_norm`/`k_norm` where the module has them);
+    `put_feedforward(ff, layer)` writes a layer's feed-forward (None: the gated `mlp`)."""
     g.put(model.embed_tokens.weight, m.word_embeddings)
     g.put_rms_norm(m.equation.final_norm, model.norm, gain_offset)
     g.check_rope(m.equation.rope, model.rotary_emb)
     for block, layer in zip(g.layers(m), model.layers, strict=True):
-        at, mlp = layer.self_attn, layer.mlp
+        at = layer.self_attn
         scale = q_scale(at, at.head_dim)
         qk = (at.q_norm, at.k_norm) if hasattr(at, "q_norm") else None
         g.put_attention(
             block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale, qk, gain_offset
         )
         g.put_rms_norm(block.norm1, layer.input_layernorm, gain_offset)
-        g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if put_feedforward is None:
+            mlp = layer.mlp
+            g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        else:
+            put_feedforward(block.feedforward, layer)
         g.put_rms_norm(block.norm2, layer.post_attention_layernorm, gain_offset)
 
 

@@ -1,0 +1,104 @@
+r"""Qwen2-MoE: Qwen2's attention (biases on the query, key and value projections, as
+`qkv_bias` says; a sliding window in every layer or in none) with a sparse mixture of
+experts as the feed-forward ([`MixtureOfExperts`][itde.MixtureOfExperts]): each token's
+`num_experts_per_tok` of the `num_experts` experts, their softmax probabilities kept as they
+are ([`SoftmaxTopK`][itde.SoftmaxTopK]) or renormalised over the chosen ones with
+`norm_topk_prob` ([`RenormalisedTopK`][itde.RenormalisedTopK]), plus a shared expert
+gated by the sigmoid of `shared_expert_gate`.
+
+Which layers are sparse is `mlp_only_layers` and `decoder_sparse_step` (a layer is sparse
+unless listed in `mlp_only_layers`, when `(layer + 1) % decoder_sparse_step == 0`). A model
+whose layers are all sparse converts to mixtures; one whose layers are all dense (no
+experts anywhere) to Qwen2's gated feed-forward; a model with both is refused: the
+equation's controls are one layer structure stacked in depth (one compiled layer step), and
+a dense layer's feed-forward is not a mixture of these experts.
+
+The router's logits and auxiliary loss (`output_router_logits`, `router_aux_loss_coef`) are
+outputs beside the hidden states: the converted model's hidden states and logits are
+Hugging Face's, its `loss` the cross-entropy without the auxiliary term.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from . import _hf_glue as g
+from . import _hf_moe as moe
+from ._hf_llama import AbstractLlamaLike, causal_checks, convert_llama_like, write_llama_like
+from ._hf_qwen2 import QWEN2_FIELDS, check_layer_types, layer_window
+
+QWEN2_MOE_FIELDS = QWEN2_FIELDS | frozenset({
+    "qkv_bias", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+    "mlp_only_layers",
+    # outputs beside the hidden states
+    "output_router_logits", "router_aux_loss_coef",
+})  # fmt: skip
+
+
+def sparse_layers(config) -> list[bool]:
+    """Which layers `transformers` builds as a sparse mixture (`Qwen2MoeDecoderLayer`'s
+    rule), per layer."""
+    only = set(config.mlp_only_layers or ())
+    step = config.decoder_sparse_step
+    return [
+        i not in only and config.num_experts > 0 and (i + 1) % step == 0
+        for i in range(config.num_hidden_layers)
+    ]
+
+
+class Qwen2MoeFamily(AbstractLlamaLike):
+    """`Qwen2MoeModel`: Qwen2's attention (q/k/v biases with `qkv_bias`, grouped-query,
+    `layer_types` all full or all sliding) and in every layer a mixture of `num_experts`
+    SwiGLU experts, `num_experts_per_tok` per token (`norm_topk_prob`: renormalised over
+    them), plus the shared expert with its sigmoid gate; or every layer dense."""
+
+    classes: ClassVar[tuple[str, ...]] = ("Qwen2MoeModel",)
+    module: ClassVar[str] = "qwen2_moe"
+    prefix: ClassVar[str] = "Qwen2Moe"
+    fields: ClassVar[frozenset[str]] = QWEN2_MOE_FIELDS
+
+    def check(self, model, name):
+        super().check(model, name)
+        config = model.config
+        causal_checks(config)
+        check_layer_types(config, "Qwen2-MoE")
+        sparse = sparse_layers(config)
+        if any(sparse) and not all(sparse):
+            dense = [i for i, s in enumerate(sparse) if not s]
+            raise ValueError(
+                f"`config.mlp_only_layers`={config.mlp_only_layers!r} with "
+                f"`config.decoder_sparse_step`={config.decoder_sparse_step!r} is not supported: "
+                f"they make layers {dense} dense and the others sparse mixtures of experts, and "
+                "the converted equation stacks one layer structure in depth (one compiled layer "
+                "step). Convert a model whose layers are all sparse (mlp_only_layers=[], "
+                "decoder_sparse_step=1, as Qwen1.5-MoE) or all dense (num_experts=0)."
+            )
+
+    def window(self, config):
+        """Qwen2's window (see `Qwen2Family.window`)."""
+        return layer_window(config)
+
+    def convert(self, model, name):
+        config = model.config
+        k, norm = config.num_experts_per_tok, bool(config.norm_topk_prob)
+
+        def feedforward(layer, act):
+            mlp = layer.mlp
+            if hasattr(mlp, "experts"):
+                return moe.mixture(mlp, act, k, renormalise=norm)
+            return g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
+
+        return convert_llama_like(
+            self, model, name, window=self.window(config), feedforward=feedforward
+        )
+
+    def write(self, m, model):
+        def put(ff, layer):
+            mlp = layer.mlp
+            if hasattr(mlp, "experts"):
+                moe.put_mixture(ff, mlp)
+            else:
+                g.put_gated_feedforward(ff, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+        write_llama_like(m, model, put_feedforward=put)
