@@ -19,9 +19,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     )
     from ._blocks import (  # noqa: F401
         AbstractBlockForm,
+        OutputNorm,
         Parallel,
         PostNorm,
         PreNorm,
+        SandwichNorm,
     )
     from ._buckets import (  # noqa: F401
         AbstractTokenBuckets,
@@ -116,7 +118,11 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
     from ._operators._rope import (  # noqa: F401
         Rope,
     )
+    from ._operators._softcap import (  # noqa: F401
+        SoftCap,
+    )
     from ._operators._window import (  # noqa: F401
+        LayerWindow,
         SlidingWindow,
         TokenBand,
     )
@@ -213,6 +219,8 @@ _EXPORTS = {
     "PostNorm": "._blocks",
     "PreNorm": "._blocks",
     "Parallel": "._blocks",
+    "SandwichNorm": "._blocks",
+    "OutputNorm": "._blocks",
     "AbstractBlock": "._controls",
     "AbstractAttentionCore": "._operators._cores",
     "Dense": "._operators._cores",
@@ -274,6 +282,8 @@ _EXPORTS = {
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
     "SlidingWindow": "._operators._window",
+    "LayerWindow": "._operators._window",
+    "SoftCap": "._operators._softcap",
     "TokenBand": "._operators._window",
     "HFTransformer": ".interop._hf_model",
     "HFVisionTransformer": ".interop._hf_vit",

@@ -14,6 +14,11 @@ and the CLI).
 - [`PreNorm`][itde.PreNorm] (GPT-2, Llama, ViT): maps inside the operators,
   $u_t = A(N_1 u) + F(N_2 u)$, an ODE with no constraint.
 - [`Parallel`][itde.Parallel] (GPT-J, PaLM): the same field taken as one sub-flow.
+- [`SandwichNorm`][itde.SandwichNorm] (Gemma 2, Gemma 3): norms before and after each
+  sublayer, $u_t = M_1 A(N_1 u) + M_2 F(N_2 u)$: each sublayer's output projected by its
+  own norm before it joins the residual.
+- [`OutputNorm`][itde.OutputNorm] (OLMo 2): norms after each sublayer only,
+  $u_t = N_1 A(u) + N_2 F(u)$.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class AbstractBlockForm(eqx.Module):
 
     has_constraint: ClassVar[bool]
     projected_parts: ClassVar[tuple[str, ...]] = ()
+    #: Whether the form reads the controls' `out_norm1`, `out_norm2` (norms of the
+    #: sublayers' outputs): `TransformerIDE.init` then builds them.
+    output_norms: ClassVar[bool] = False
 
     def attention_input(self, eq: TransformerIDE, t, u):
         """The state the attention acts on at depth `t`: `u`, or its normalisation."""
@@ -62,9 +70,19 @@ class AbstractBlockForm(eqx.Module):
         """The state the feed-forward acts on at depth `t`."""
         return u
 
-    def feedforward_output(self, f, u):
-        """The feed-forward sub-flow's vector field from $F$ of the input and the state."""
+    def attention_output(self, eq: TransformerIDE, t, a):
+        """The attention sub-flow's vector field at depth `t` from the attention's output
+        `a`: `a`, or its normalisation (a norm after the sublayer)."""
+        return a
+
+    def feedforward_output(self, eq: TransformerIDE, t, f, u):
+        """The feed-forward sub-flow's vector field at depth `t` from $F$ of the input `f`
+        and the state `u`."""
         return f
+
+    def check_controls(self, controls) -> None:
+        """Raise unless `controls` hold every part this form reads (called when an
+        equation is built); every part of a `Block` is there by default."""
 
     @abc.abstractmethod
     def paper_flows(self, eq: TransformerIDE) -> tuple:
@@ -109,7 +127,7 @@ class PostNorm(AbstractBlockForm):
     def __check_init__(self):
         check_bool("relaxation", self.relaxation)
 
-    def feedforward_output(self, f, u):
+    def feedforward_output(self, eq, t, f, u):
         return 0.5 * (f - u) if self.relaxation else f
 
     def paper_flows(self, eq):
@@ -187,11 +205,91 @@ class Parallel(_AbstractNormInside):
         )
 
 
+class _AbstractNormAfter(_AbstractNormInside):
+    r"""Each sublayer's output projected by a norm of its own before it joins the residual:
+    $u_t = M_1 A(\cdot) + M_2 F(\cdot)$, $M_i$ the normalisation (an RMSNorm's or
+    LayerNorm's map, with its gain) of the sublayer's output. As an operator $M_i$ is the
+    projection of the output onto the norm's set (the sphere of radius $\sqrt{d}$, then
+    the gain), a map inside the vector field, not a constraint on the state: the state
+    itself is never normalised, so the equation is an ODE with no constraint set
+    (`has_constraint` False). Lie splitting with Euler sub-steps and $\Delta t = 1$ is the
+    block; its continuum limit is the same field at any step, so every solver that takes
+    [`PreNorm`][itde.PreNorm] takes it (Lie and Strang splittings, any diffrax solver,
+    explicit Runge-Kutta through the key/value cache), smooth controls
+    (`LegendreControls.from_layers`) fit its norms as any other part, and
+    [`continuum_form`][itde.TransformerIDE.continuum_form] returns the model unchanged
+    (it is its own continuum form: its norms are not projections of the state, so there
+    is no change of variables to make). PyTorch's `nn.TransformerEncoderLayer` has no
+    such layer (`itde.to_torch` refuses it by name)."""
+
+    def paper_flows(self, eq):
+        return _two_fields(eq)
+
+    def torch_layer_options(self, eps):
+        raise ValueError(
+            f"`to_torch(model)`: a {type(self).__name__} block (a norm after each sublayer) "
+            "has no nn.TransformerEncoderLayer equivalent (PyTorch's layer is post-LN or "
+            "pre-LN)."
+        )
+
+
+class SandwichNorm(_AbstractNormAfter):
+    r"""Norms before and after each sublayer (Gemma 2, Gemma 3):
+    $u_t = M_1 A(N_1 u) + M_2 F(N_2 u)$. `norm1`, `norm2` are the maps $N_1, N_2$ before
+    the sublayers (as in [`PreNorm`][itde.PreNorm]); the controls' `out_norm1`,
+    `out_norm2` are the projections $M_1, M_2$ of the attention's and the feed-forward's
+    outputs (Gemma's `post_attention_layernorm` and `post_feedforward_layernorm`). See
+    the base's notes for the solvers and continuum forms that accept it."""
+
+    output_norms: ClassVar[bool] = True
+
+    def attention_output(self, eq, t, a):
+        return eq.controls(t, "right", "out_norm1")(a, eq.feature_weights())
+
+    def feedforward_output(self, eq, t, f, u):
+        return eq.controls(t, "right", "out_norm2")(f, eq.feature_weights())
+
+    def check_controls(self, controls):
+        blocks = controls.blocks
+        missing = [p for p in ("out_norm1", "out_norm2") if getattr(blocks, p, None) is None]
+        if missing:
+            raise ValueError(
+                f"`block`=SandwichNorm() projects each sublayer's output by the controls' "
+                f"`out_norm1` and `out_norm2`, but these controls ({type(blocks).__name__}) "
+                f"have no {' and no '.join(missing)}; give Block(..., out_norm1=..., "
+                "out_norm2=...) (itde.RMSNormProjection or itde.LayerNormProjection), or use "
+                "block=PreNorm()."
+            )
+
+
+class OutputNorm(_AbstractNormAfter):
+    r"""Norms after each sublayer only, inside the residual (OLMo 2):
+    $u_t = N_1 A(u) + N_2 F(u)$, i.e. the block $v = u + N_1(A(u))$,
+    $v + N_2(F(v))$. Here `norm1` and `norm2` are the projections of the attention's and
+    the feed-forward's outputs (OLMo 2's `post_attention_layernorm` and
+    `post_feedforward_layernorm`), and the sublayers read the state itself. See the base's
+    notes for the solvers and continuum forms that accept it."""
+
+    def attention_input(self, eq, t, u):
+        return u
+
+    def feedforward_input(self, eq, t, u):
+        return u
+
+    def attention_output(self, eq, t, a):
+        return eq.controls(t, "right", "norm1")(a, eq.feature_weights())
+
+    def feedforward_output(self, eq, t, f, u):
+        return eq.controls(t, "right", "norm2")(f, eq.feature_weights())
+
+
 #: Block forms by name, for configs, the CLI and `TransformerIDE.init(block=...)`.
 BLOCK_FORMS: dict[str, type[AbstractBlockForm]] = {
     "post_norm": PostNorm,
     "pre_norm": PreNorm,
     "parallel": Parallel,
+    "sandwich_norm": SandwichNorm,
+    "output_norm": OutputNorm,
 }
 """Block forms by name, for configs, the CLI and `TransformerIDE.init(block=...)`."""
 

@@ -21,6 +21,8 @@ from ._operators._attention import Attention, check_heads
 from ._operators._feedforward import FeedForward, GatedFeedForward
 from ._operators._layernorm import LayerNormProjection
 from ._operators._rmsnorm import RMSNormProjection
+from ._operators._rope import Rope
+from ._operators._window import LayerWindow
 from ._polynomials import legendre
 from ._reads import map_parts, read_times, reads_at_end
 
@@ -123,6 +125,16 @@ class Block(AbstractBlock):
       shift of the norm before this layer (the previous layer's `norm2`; for the first
       layer `continuum_form`'s `input_affine`, or $g = 1$, $\beta = 0$), `affine2` with
       those of this layer's `norm1`.
+    - `out_norm1`, `out_norm2`: None, or the norms of the attention's and the
+      feed-forward's outputs that a [`SandwichNorm`][itde.SandwichNorm] block reads
+      (Gemma 2 and 3's `post_attention_layernorm`, `post_feedforward_layernorm`).
+    - `window`: None, or this layer's sliding window as data
+      ([`LayerWindow`][itde.LayerWindow]; `inf` for full attention): a depth-dependent
+      control of the attention kernel (Gemma 2 and 3's `layer_types`), acting with the
+      equation's own `window`, if any.
+    - `rope`: None, or this layer's rotary embedding ([`Rope`][itde.Rope]), used instead of
+      the equation's `rope` (Gemma 3's `rope_local_base_freq` in its sliding layers): a
+      depth-dependent RoPE base.
     """
 
     attention: AbstractAttention
@@ -131,6 +143,23 @@ class Block(AbstractBlock):
     norm2: AbstractNorm
     affine1: FeatureAffine | None = None
     affine2: FeatureAffine | None = None
+    out_norm1: AbstractNorm | None = None
+    out_norm2: AbstractNorm | None = None
+    window: LayerWindow | None = None
+    rope: Rope | None = None
+
+    def __check_init__(self):
+        for name, base, what in (
+            ("out_norm1", AbstractNorm, "itde.RMSNormProjection or itde.LayerNormProjection"),
+            ("out_norm2", AbstractNorm, "itde.RMSNormProjection or itde.LayerNormProjection"),
+            ("window", LayerWindow, "itde.LayerWindow(length)"),
+            ("rope", Rope, "itde.Rope"),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, base):
+                raise TypeError(
+                    f"`Block.{name}` must be None or an {what}, got {type(value).__name__}."
+                )
 
     @classmethod
     def init(
@@ -148,6 +177,7 @@ class Block(AbstractBlock):
         n_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype=None,
+        out_norms: bool = False,
     ) -> Block:
         """Random discrete controls for one layer (PyTorch's default initialisation).
 
@@ -156,12 +186,15 @@ class Block(AbstractBlock):
         `bias`; `"rms"`: [`RMSNormProjection`][itde.RMSNormProjection]);
         `gated`: a [`GatedFeedForward`][itde.GatedFeedForward] (SwiGLU with
         `activation="silu"`); `n_kv_heads`, `head_dim`: see
-        [`Attention.init`][itde.Attention.init]."""
+        [`Attention.init`][itde.Attention.init]; `out_norms`: also `out_norm1`,
+        `out_norm2` (identity-initialised, of the same kind), the norms of the sublayers'
+        outputs that a [`SandwichNorm`][itde.SandwichNorm] block reads."""
         if head_dim is None:
             check_heads(n_features, n_heads)
         check_int("n_hidden", n_hidden, minimum=1)
         check_bool("bias", bias)
         check_bool("gated", gated)
+        check_bool("out_norms", out_norms)
         norm_cls = as_norm_class(norm)
         dtype = check_dtype("dtype", dtype)
         check_key("key", key)
@@ -179,6 +212,8 @@ class Block(AbstractBlock):
             make_norm(),
             ff_cls.init(kf, n_features, n_hidden, activation=activation, bias=bias, dtype=dtype),
             make_norm(),
+            out_norm1=make_norm() if out_norms else None,
+            out_norm2=make_norm() if out_norms else None,
         )
 
 
@@ -187,7 +222,10 @@ def _n_features(block) -> int | None:
     return att.wq.shape[-2] if isinstance(att, Attention) else None
 
 
-BLOCK_PARTS = ("attention", "norm1", "feedforward", "norm2", "affine1", "affine2")
+BLOCK_PARTS = (
+    "attention", "norm1", "feedforward", "norm2", "affine1", "affine2", "out_norm1",
+    "out_norm2", "window", "rope",
+)  # fmt: skip
 
 
 def _part(block: AbstractBlock, part: str | None):

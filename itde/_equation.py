@@ -224,6 +224,8 @@ class TransformerIDE(AbstractEquation):
                 f"`final_norm` must be an itde.LayerNormProjection, itde.RMSNormProjection or "
                 f"None, got {type(self.final_norm).__name__}."
             )
+        self.block.check_controls(self.controls)
+        self._check_layer_kernel()
         d = self.controls.n_features
         if d is not None and self.grid.n_features != d:
             raise ValueError(
@@ -236,6 +238,28 @@ class TransformerIDE(AbstractEquation):
             affine = getattr(self.controls.blocks, name, None)
             if affine is not None:
                 affine.check_width(self.grid.n_features, f"controls.blocks.{name}")
+
+    def _check_layer_kernel(self) -> None:
+        """Per-layer windows and RoPE (controls of the attention kernel) need per-layer
+        controls and a 1-D token rule."""
+        blocks = self.controls.blocks
+        for part, what in (("window", "sliding window"), ("rope", "RoPE")):
+            if getattr(blocks, part, None) is None:
+                continue
+            if not isinstance(self.controls, PiecewiseConstant):
+                raise ValueError(
+                    f"the controls carry a per-layer {what} (`Block.{part}`), which jumps "
+                    f"from layer to layer; {type(self.controls).__name__} are smooth in depth "
+                    "and have no such control (a window length or RoPE base between two "
+                    "layers is not defined): keep PiecewiseConstant controls, or fit a model "
+                    f"whose layers share one {what} (the equation's `{part}`)."
+                )
+            if not isinstance(self.grid.tokens, AbstractQuadrature):
+                raise ValueError(
+                    f"a per-layer {what} (`Block.{part}`) acts at 1-D token positions; this "
+                    f"grid's token domain is {type(self.grid.tokens).__name__}. Use a 1-D "
+                    "token rule (e.g. Midpoint())."
+                )
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -302,6 +326,7 @@ class TransformerIDE(AbstractEquation):
                 n_kv_heads=n_kv_heads,
                 head_dim=head_dim,
                 dtype=dtype,
+                out_norms=block.output_norms,
             )
             for k in keys
         ]
@@ -357,11 +382,16 @@ class TransformerIDE(AbstractEquation):
         features = self.grid.features
         return _unit_or(features, self.grid.n_features, self.grid.feature_weights())
 
-    def _rotary(self, u):
-        if self.rope is None:
+    def _rotary(self, u, t=None):
+        """The RoPE angles at the token nodes of `u`: the layer's own `rope` at depth `t`
+        when the controls carry one per layer, else the equation's."""
+        rope = self.rope
+        if t is not None and getattr(self.controls.blocks, "rope", None) is not None:
+            rope = self.controls(t, "right", "rope")
+        if rope is None:
             return None
         x, _ = self.grid.tokens.nodes_weights(u.shape[0])
-        return self.rope.cos_sin(x, u.dtype)
+        return rope.cos_sin(x, u.dtype)
 
     def _window(self, u):
         if self.window is None:
@@ -385,11 +415,18 @@ class TransformerIDE(AbstractEquation):
         super().check_state(u0, name)
         self._check_score_bias_heads()
 
-    def _score_bias(self, u):
-        if self.score_bias is None:
-            return None
-        x, _ = self.grid.tokens.nodes_weights(u.shape[0])
-        return self.score_bias.on_nodes(x)
+    def _score_bias(self, u, t=None):
+        r"""The score bias at the token nodes of `u`, with the layer's window at depth `t`
+        (a [`LayerWindow`][itde.LayerWindow] in the controls: $-\infty$ outside it) when
+        the controls carry one."""
+        bias = None
+        if self.score_bias is not None:
+            x, _ = self.grid.tokens.nodes_weights(u.shape[0])
+            bias = self.score_bias.on_nodes(x)
+        if t is not None and getattr(self.controls.blocks, "window", None) is not None:
+            x, _ = self.grid.tokens.nodes_weights(u.shape[0])
+            bias = self.controls(t, "right", "window").score_bias(x, bias)
+        return bias
 
     def attention_field(self, t, u, args=None):
         """The vector field $A(u)$ at depth `t` ($A(N_1 u)$ for pre-norm and parallel
@@ -411,11 +448,12 @@ class TransformerIDE(AbstractEquation):
             causal=causal,
             core=self.attention_core,
             key_mask=args,
-            rotary=self._rotary(u),
-            score_bias=self._score_bias(u),
+            rotary=self._rotary(u, t),
+            score_bias=self._score_bias(u, t),
             window=self._window(u),
             **volterra,
         )
+        out = self.block.attention_output(self, t, out)
         if self.controls.blocks.affine1 is not None:
             out = out + self.controls(t, "right", "affine1")(u)
         return out
@@ -428,7 +466,7 @@ class TransformerIDE(AbstractEquation):
         f = ff(v, feature_weights=self.feature_weights(), hidden_weights=hidden_weights)
         if self.controls.blocks.affine2 is not None:
             f = f + self.controls(t, "right", "affine2")(u)
-        return self.block.feedforward_output(f, u)
+        return self.block.feedforward_output(self, t, f, u)
 
     def field(self, t, u, args=None):
         """The whole unconstrained right-hand side $A(N_1 u) + F(N_2 u)$ of a pre-norm or

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ._blocks import Parallel, PreNorm
+from ._blocks import OutputNorm, Parallel, PreNorm, SandwichNorm
 from ._controls import PiecewiseConstant
 from ._equation import TransformerIDE
 from ._operators._precision import wide
@@ -89,7 +89,13 @@ def _parallel_step(eq, t, u, attention):
 #: One layer of the discrete network (Lie, $\Delta t$ = one layer) by block form: how the
 #: attention (which reads the cache) and the feed-forward compose in the block. A block
 #: form not listed here is refused by `check_cacheable`.
-LIE_STEPS: dict[type, Callable] = {PreNorm: _pre_norm_step, Parallel: _parallel_step}
+LIE_STEPS: dict[type, Callable] = {
+    PreNorm: _pre_norm_step,
+    Parallel: _parallel_step,
+    # a norm after each sublayer: the same composition (the norms sit inside the fields)
+    SandwichNorm: _pre_norm_step,
+    OutputNorm: _pre_norm_step,
+}
 """One layer of the discrete network (Lie, one step per layer) by block form, for the cache:
 `step(eq, t, u, attention)` composes the cached attention and the feed-forward as the block
 does. A block form not listed is refused by [`check_cacheable`][itde.check_cacheable]."""
@@ -283,13 +289,16 @@ class _DecodeCore(eqx.Module):
 
     reads_grouped_heads: ClassVar[bool] = True
 
-    def __call__(self, q, k, v, *, token_log_weights):
+    def __call__(self, q, k, v, *, token_log_weights, score_cap=None):
         dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
         h, n, e = q.shape
         g = k.shape[0]  # key/value heads: query head m reads m // (h / g)
         qg = q.reshape(g, (h // g) * n, e)  # rows: (query head in the group, query)
         bias = jnp.tile(token_log_weights, (h // g, 1)).astype(dtype)
-        s = jnp.einsum("gre,gpe->grp", qg.astype(dtype), k.astype(dtype)) + bias[None]
+        s = jnp.einsum("gre,gpe->grp", qg.astype(dtype), k.astype(dtype))
+        if score_cap is not None:  # the dense core's cap: on q . k, before the masks
+            s = score_cap(s)
+        s = s + bias[None]
         # the dense core's softmax (`dense_softmax_parts`): a row's shift is at least the
         # lowest finite number, so a row with no admissible key gives 0, never NaN
         lo = jnp.finfo(dtype).min
@@ -312,18 +321,24 @@ def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool, fused=None):
     nodes = eq.grid.tokens.nodes_weights(n_max)[0]
     x = jnp.asarray(nodes)
     rotary = None
-    if eq.rope is not None:
-        rotary = eq.rope.cos_sin(jax.lax.dynamic_slice_in_dim(x, pos, u.shape[0]), u.dtype)
+    rope = eq.rope if eq.controls.blocks.rope is None else eq.controls(t, "right", "rope")
+    if rope is not None:
+        rotary = rope.cos_sin(jax.lax.dynamic_slice_in_dim(x, pos, u.shape[0]), u.dtype)
+    layer_window = None
+    if eq.controls.blocks.window is not None:
+        layer_window = eq.controls(t, "right", "window")
     q, k, v = att.project_qkv(
         v_in, feature_weights=eq.feature_weights(), rotary=rotary, fused=fused
     )
     window = None if eq.window is None else eq.window.on_nodes(nodes)
     if full:  # the prefill: the whole window at once, as the uncached solve computes it
         extra = {} if window is None else {"window": window}
+        if layer_window is not None:
+            extra["score_bias"] = layer_window.score_bias(x)
         out = att.attend(
             q, k, v, head_weights=head_weights, core=eq.attention_core, causal=True, **extra
         )
-        return out, (k, v)
+        return eq.block.attention_output(eq, t, out), (k, v)
     keys = jax.lax.dynamic_update_slice_in_dim(keys, k.astype(keys.dtype), pos, axis=1)
     values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), pos, axis=1)
     rows = pos + jnp.arange(u.shape[0])  # the positions of the rows of `u`
@@ -331,11 +346,13 @@ def _attention(eq, t, u, keys, values, pos, n_max: int, full: bool, fused=None):
     ok = p[None, :] <= rows[:, None]  # causal: each row reads the keys up to its own
     if window is not None:
         ok = ok & window(rows, p)
+    if layer_window is not None:
+        ok = ok & layer_window.admits(x[rows], x)
     lw = jnp.where(ok, 0.0, -jnp.inf).astype(u.dtype)
     out = att.attend(
         q, keys, values, head_weights=head_weights, core=_decode_core, token_log_weights=lw
     )
-    return out, (keys, values)
+    return eq.block.attention_output(eq, t, out), (keys, values)
 
 
 def _run(eq, layers, u, cache_kv, pos, n_max, full):

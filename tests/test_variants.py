@@ -25,6 +25,8 @@ def test_every_block_form_is_named_once_and_resolves_to_its_module():
         "post_norm": itde.PostNorm,
         "pre_norm": itde.PreNorm,
         "parallel": itde.Parallel,
+        "sandwich_norm": itde.SandwichNorm,
+        "output_norm": itde.OutputNorm,
     }
     for name, cls in itde.BLOCK_FORMS.items():
         m = itde.TransformerIDE.init(KEY, n_layers=1, n_features=8, n_heads=2, block=name)

@@ -18,6 +18,7 @@ from ._mask import key_mask as _key_mask
 from ._precision import contract
 from ._qknorm import AbstractQueryKeyNorm
 from ._rope import rotate
+from ._softcap import SoftCap, check_score_cap
 from ._window import TokenBand
 
 #: The most rows (tokens) for which attention reads each projection weight in its own
@@ -75,6 +76,11 @@ class Attention(AbstractAttention):
     ([`PerHeadQKNorm`][itde.PerHeadQKNorm], [`JointQKNorm`][itde.JointQKNorm]) projects the
     queries and keys onto their spheres after the projections (biases included) and before
     RoPE, as Qwen3, Gemma 3, OLMo 2 and OLMoE do.
+
+    **Soft-capping** (`score_cap`, optional): an [`itde.SoftCap`][itde.SoftCap] $c$ bounds
+    the kernel's exponent, $e^{c \tanh(s_m / c)}$ instead of $e^{s_m}$ (Gemma 2's
+    `attn_logit_softcapping`); the token weights, masks and windows act on top. The dense
+    and blocked cores and the key/value cache cap exactly; `Fused()` refuses it.
     """
 
     wq: Float[Array, "heads features head_dim"] = kernel()
@@ -86,6 +92,7 @@ class Attention(AbstractAttention):
     bv: Float[Array, "kv_heads value_dim"] | None
     bo: Float[Array, " features"] | None
     qk_norm: AbstractQueryKeyNorm | None = None
+    score_cap: SoftCap | None = None
 
     def __check_init__(self):
         if getattr(self.wq, "ndim", None) != 3:
@@ -119,6 +126,7 @@ class Attention(AbstractAttention):
                     "norm: itde.PerHeadQKNorm(q_norm, k_norm) or itde.JointQKNorm(...)."
                 )
             self.qk_norm.check_shapes(h, hkv, dh)
+        check_score_cap("Attention.score_cap", self.score_cap)
 
     def with_input_affine(self, scale, shift, feature_weights=None) -> Attention:
         r"""`A(a \circ z + b)` as one attention: $a$ scales the rows of $W^Q, W^K, W^V$
@@ -134,7 +142,8 @@ class Attention(AbstractAttention):
 
             bq, bk, bv = fold(bq, self.wq), fold(bk, self.wk), fold(bv, self.wv)
         return Attention(
-            wq=wq, wk=wk, wv=wv, wo=self.wo, bq=bq, bk=bk, bv=bv, bo=self.bo, qk_norm=self.qk_norm
+            wq=wq, wk=wk, wv=wv, wo=self.wo, bq=bq, bk=bk, bv=bv, bo=self.bo, qk_norm=self.qk_norm,
+            score_cap=self.score_cap,
         )
 
     def discretise(self, grid) -> tuple[Attention, None]:
@@ -366,6 +375,8 @@ class Attention(AbstractAttention):
             k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
         q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
+        if self.score_cap is not None:  # passed only when set: older cores run the rest
+            pair_terms = {**pair_terms, "score_cap": self.score_cap}
         o = core(q, k, v, **pair_terms)
         # the heads' outputs side by side, [queries, heads * value_dim], against W^O as one
         # [heads * value_dim, features] matrix (a view of it): XLA otherwise transposes

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._softcap import SoftCap, check_score_cap
 from ._window import TokenBand
 
 
@@ -172,6 +173,7 @@ def dense_attention(
     causal: bool = False,
     window: TokenBand | None = None,
     block_size: int | None = None,
+    score_cap: SoftCap | None = None,
 ) -> Float[Array, "heads tokens value_dim"]:
     r"""Softmax attention with the full score matrix (memory $O(N^2)$ per head).
 
@@ -192,21 +194,26 @@ def dense_attention(
     - `causal`: keep only keys $p \le k$ for query $k$.
     - `window`: keep only the keys of query $k$'s band (a [`TokenBand`][itde.TokenBand],
       from [`SlidingWindow.on_nodes`][itde.SlidingWindow.on_nodes]; `None`: every key).
+    - `score_cap`: an [`itde.SoftCap`][itde.SoftCap] applied to $q \cdot k$ before every
+      other pair term (Gemma 2's `attn_logit_softcapping`), or `None`.
 
     **Returns:** `[heads, tokens, head_dim]`; 0 for a query with no admissible key.
     """
     _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights, window)
+    check_score_cap("score_cap", score_cap)
     p, ell = dense_softmax_parts(
         q, k, jnp.result_type(q.dtype, k.dtype, v.dtype),
         token_log_weights=token_log_weights, query_weights=query_weights,
         score_bias=score_bias, signed_weights=signed_weights, causal=causal, window=window,
+        score_cap=score_cap,
     )  # fmt: skip
     return jnp.einsum("hnm,hme->hne", p, v) / ell
 
 
 def dense_softmax_parts(
-    q, k, dtype, *, token_log_weights, query_weights, score_bias, signed_weights, causal, window
-):
+    q, k, dtype, *, token_log_weights, query_weights, score_bias, signed_weights, causal, window,
+    score_cap=None,
+):  # fmt: skip
     """The dense core's unnormalised weights `p` `[heads, tokens, tokens]` and their row
     normaliser `ell` `[heads, tokens, 1]`: the attention output is `p @ v / ell`, the
     attention weights `p / ell` (`itde.analysis.attention_weights` reads them here, so the
@@ -214,6 +221,8 @@ def dense_softmax_parts(
     n = q.shape[1]
     idx = jnp.arange(n)
     s = jnp.einsum("hne,hme->hnm", q, k)
+    if score_cap is not None:  # the kernel's exponent is capped, not the pair terms
+        s = score_cap(s)
     if token_log_weights is not None:
         s = s + token_log_weights.astype(s.dtype)[None, None, :]
     s, w = _scores(
@@ -257,6 +266,7 @@ def blocked_attention(
     causal: bool = False,
     window: TokenBand | None = None,
     block_size: int | None = 512,
+    score_cap: SoftCap | None = None,
 ) -> Float[Array, "heads tokens value_dim"]:
     r"""Softmax attention by blocks of tokens with an online softmax (linear memory).
 
@@ -293,6 +303,7 @@ def blocked_attention(
     _check(
         q, k, v, token_log_weights, block_size, query_weights, score_bias, signed_weights, window
     )
+    check_score_cap("score_cap", score_cap)
     h, n, e = q.shape
     ev = v.shape[-1]
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
@@ -325,7 +336,10 @@ def blocked_attention(
             def update(carry):
                 m, ell, acc = carry
                 k_idx = jnp.minimum(j * bs + offsets, n - 1)  # padded keys: bj = -inf
-                s = jnp.einsum("hqe,hke->hqk", qi, kj) + bj[None, None, :]
+                s = jnp.einsum("hqe,hke->hqk", qi, kj)
+                if score_cap is not None:  # elementwise: each block capped as the dense core
+                    s = score_cap(s)
+                s = s + bj[None, None, :]
                 s, w = _scores(
                     s,
                     q_idx,
@@ -406,6 +420,7 @@ def fused_attention(
     window: TokenBand | None = None,
     block_size: int | None = None,
     implementation: str | None = None,
+    score_cap: SoftCap | None = None,
 ) -> Float[Array, "heads tokens head_dim"]:
     r"""Softmax attention through `jax.nn.dot_product_attention` (`scale=1`, the token
     log-weights, the log of non-negative `query_weights` and the `score_bias` summed into
@@ -432,6 +447,12 @@ def fused_attention(
     **Returns:** `[heads, tokens, head_dim]`.
     """
     _check(q, k, v, token_log_weights, None, query_weights, score_bias, signed_weights, window)
+    if score_cap is not None:
+        raise ValueError(
+            f"`fused_attention`: `score_cap`={score_cap!r} (soft-capping, Gemma 2's "
+            "attn_logit_softcapping) is not supported: jax.nn.dot_product_attention caps no "
+            "score. Use the itde.Dense() or itde.Blocked() core, which cap exactly."
+        )
     local = None if window is None else window.offsets()
     if local is not None:
         local = (local[0], 0) if causal else local

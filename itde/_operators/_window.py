@@ -37,7 +37,7 @@ import numbers
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 _ROUND_OFF = 1e-12  # relative: a node distance this close to L counts as L (outside)
 
@@ -187,3 +187,66 @@ class TokenBand(eqx.Module):
         if causal:
             hi = np.minimum(hi, np.arange(nb))
         return lo, hi
+
+
+class LayerWindow(eqx.Module):
+    r"""A sliding window whose length is data: a depth-dependent control of the attention
+    kernel, one length per layer in the controls (`Block(..., window=LayerWindow(L))`),
+    so that the layers of a network that mixes windowed and full attention (Gemma 2 and
+    3's `layer_types`) run one compiled layer step. A query at $x$ reads the keys at
+    $|x - \tilde x| < L_n$ in layer $n$ ($0 \le x - \tilde x < L_n$ with the causal
+    restriction); $L_n = +\infty$ is full attention. On the unit grid
+    `LayerWindow(W)` in a causal model keeps the keys Hugging Face's sliding-window mask
+    keeps (`kv_idx > q_idx - W`), as [`SlidingWindow`][itde.SlidingWindow] does.
+
+    It enters the attention cores as a score bias ($0$ inside, $-\infty$ outside), so every
+    core takes it; unlike `SlidingWindow` its band is not known when the computation is
+    traced, so the blocked core visits every key block (the time is quadratic in the
+    tokens). A length jumps between layers: smooth controls (`LegendreControls`,
+    `SplineControls`) have no per-layer window, and an equation refuses them by name.
+
+    **Arguments:**
+
+    - `length`: $L > 0$, a length on the token domain (a scalar array per layer; `inf`
+      for no window).
+    """
+
+    length: Float[Array, "*dims"]
+
+    def __check_init__(self):
+        a = np.asarray(self.length) if not _traced(self.length) else None
+        if a is not None and not np.all(a > 0):
+            raise ValueError(
+                f"`LayerWindow(length)`={a!r} must be positive (a length on the token "
+                "domain, inf for full attention)."
+            )
+
+    def admits(self, xq, xk) -> Bool[Array, "q k"]:
+        """Which pairs of query nodes `xq` and key nodes `xk` lie inside the window (node
+        distances within 1e-12 relative of $L$ count as $L$: outside, as `SlidingWindow`)."""
+        dist = jnp.abs(jnp.asarray(xq)[:, None] - jnp.asarray(xk)[None, :])
+        length = jnp.asarray(self.length, dist.dtype)
+        return dist < length * (1.0 - _ROUND_OFF)
+
+    def score_bias(self, nodes, other=None):
+        """The window on token `nodes` as a score-bias function `(query_index, key_index)
+        -> [..., q, k]` ($0$ inside, $-\\infty$ outside), plus the pair term `other` (an
+        equation's own score bias: an array or such a function) when given."""
+        from ._blocked import _pair
+
+        x = jnp.asarray(nodes)
+
+        def bias(iq, ik):
+            b = jnp.where(self.admits(x[iq], x[ik]), 0.0, -jnp.inf)
+            if other is None:
+                return b
+            o = _pair(other, iq, ik, b.dtype)
+            return b + o
+
+        return bias
+
+
+def _traced(a) -> bool:
+    import jax
+
+    return isinstance(a, jax.core.Tracer)

@@ -16,13 +16,15 @@ from .._operators._mask import key_mask
 from ._common import _mask, _state, equation_of
 
 
-def _softmax_weights(q, k, *, token_log_weights, query_weights, score_bias, signed, causal, window):
+def _softmax_weights(
+    q, k, *, token_log_weights, query_weights, score_bias, signed, causal, window, score_cap=None
+):
     """The weights `[heads, tokens, tokens]` that `dense_attention` applies to the values
     (its own scores, shift and normalisation)."""
     p, ell = dense_softmax_parts(
         q, k, jnp.result_type(q.dtype, k.dtype), token_log_weights=token_log_weights,
         query_weights=query_weights, score_bias=score_bias, signed_weights=signed,
-        causal=causal, window=window,
+        causal=causal, window=window, score_cap=score_cap,
     )  # fmt: skip
     return p / ell
 
@@ -87,7 +89,7 @@ def _attention_weights(eq, t, u, m):
     att, head_weights, v, lw, causal, query_weights, signed = _attention_parts(eq, t, u, m)
     dtype = v.dtype
     # the operator's own queries and keys: its query/key norm, then RoPE
-    q, k, _ = att.project_qkv(v, feature_weights=eq.feature_weights(), rotary=eq._rotary(u))
+    q, k, _ = att.project_qkv(v, feature_weights=eq.feature_weights(), rotary=eq._rotary(u, t))
     rep = att.n_heads // att.n_kv_heads
     if rep > 1:  # grouped-query attention: query head m reads key head m // rep
         k = jnp.repeat(k, rep, axis=0)
@@ -102,10 +104,11 @@ def _attention_weights(eq, t, u, m):
         k,
         token_log_weights=lw,
         query_weights=query_weights,
-        score_bias=eq._score_bias(u),
+        score_bias=eq._score_bias(u, t),
         signed=signed,
         causal=causal,
         window=eq._window(u),
+        score_cap=getattr(att, "score_cap", None),
     )
 
 

@@ -31,6 +31,7 @@ from .._generate import (
 )
 from .._kv_cache import NotCacheableError, check_cacheable
 from .._operators._precision import contract, wide
+from .._operators._softcap import SoftCap, check_score_cap
 from .._roles import kernel
 from .._sampling import _scalar, check_filters, check_filters_sample, is_real
 from .._solve import solve
@@ -61,12 +62,16 @@ class CausalLMFamily(AbstractHFFamily):
     - `base_family`: the family of the base model (its config is the head model's).
     - `base`: the attribute of the head model holding the base model.
     - `head`: the attribute holding the head.
+    - `logit_cap`: whether the class soft-caps its logits by `config.final_logit_softcapping`
+      (Gemma 2: $c \tanh(z / c)$ on every logit), converted as the head's
+      [`SoftCap`][itde.SoftCap]; otherwise that field is refused unless None.
     """
 
     name: str = eqx.field(static=True)
     base_family: AbstractHFFamily
     base: str = eqx.field(static=True, default="model")
     head: str = eqx.field(static=True, default="lm_head")
+    logit_cap: bool = eqx.field(static=True, default=False)
 
     @property
     def classes(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -84,6 +89,8 @@ class CausalLMFamily(AbstractHFFamily):
         base = getattr(model, self.base)
         self.base_family.check(base, type(base).__name__)
         for field, off in _HEAD_OPTIONS.items():
+            if field == "final_logit_softcapping" and self.logit_cap:
+                continue  # converted: the head's SoftCap
             g.refuse(
                 model.config, field, lambda v, off=off: v is None or v == off,
                 f"the head's logits would be changed by it, which {name} converts without; "
@@ -106,11 +113,21 @@ class CausalLMFamily(AbstractHFFamily):
             head_bias=g.a(head.bias),
             source=name,
             family=self,
+            logit_cap=self._logit_cap(model.config),
         )
+
+    def _logit_cap(self, config) -> SoftCap | None:
+        v = getattr(config, "final_logit_softcapping", None) if self.logit_cap else None
+        return None if v is None else SoftCap(float(v))
 
     def write(self, m, model):
         if not isinstance(m, HFCausalLM):
             raise TypeError(f"`m` must be an itde.interop.HFCausalLM, got {type(m).__name__}.")
+        if m.logit_cap != self._logit_cap(model.config):
+            raise ValueError(
+                f"`to_hf`: the model's logit cap {m.logit_cap!r} is not the one its config's "
+                f"final_logit_softcapping gives ({self._logit_cap(model.config)!r})."
+            )
         base = getattr(model, self.base)
         self.base_family.write(m.base, base)
         head = getattr(model, self.head)
@@ -193,6 +210,9 @@ class HFCausalLM(eqx.Module):
     - `head_bias`: `[vocab]`, or None.
     - `source`: the converted class's name (`to_hf` builds it again).
     - `family`: the [`CausalLMFamily`][itde.interop.CausalLMFamily] that converted it.
+    - `logit_cap`: None, or the [`SoftCap`][itde.SoftCap] $c \tanh(z / c)$ applied to every
+      logit (Gemma 2's `final_logit_softcapping`); the loss and generation read the capped
+      logits, as Hugging Face's.
     """
 
     base: HFTransformer
@@ -200,6 +220,7 @@ class HFCausalLM(eqx.Module):
     head_bias: Float[Array, " vocab"] | None = None
     source: str = eqx.field(static=True, default="")
     family: Any = None
+    logit_cap: SoftCap | None = None
 
     def __check_init__(self):
         if not isinstance(self.base, HFTransformer):
@@ -212,6 +233,7 @@ class HFCausalLM(eqx.Module):
                 f"`head` must have shape [vocab, {d}] (the base model's features), got "
                 f"{tuple(self.head.shape)}."
             )
+        check_score_cap("logit_cap", self.logit_cap)
         n = self.vocab_size
         if self.head_bias is not None and tuple(self.head_bias.shape) != (n,):
             raise ValueError(f"`head_bias` must have shape ({n},), got {self.head_bias.shape}.")
@@ -233,10 +255,12 @@ class HFCausalLM(eqx.Module):
 
     # ------------------------------------------------------------------ logits
     def project(self, h: Float[Array, "*tokens features"]) -> Float[Array, "*tokens vocab"]:
-        """The head applied to hidden states: $h\\,W^\\top + b$, in `h`'s dtype."""
+        """The head applied to hidden states: $h\\,W^\\top + b$ (soft-capped by `logit_cap`
+        when set), in `h`'s dtype."""
         w = self.base.word_embeddings if self.head is None else self.head
         out = contract("...d,vd->...v", h, w)
-        return out if self.head_bias is None else out + self.head_bias.astype(out.dtype)
+        out = out if self.head_bias is None else out + self.head_bias.astype(out.dtype)
+        return out if self.logit_cap is None else self.logit_cap(out)
 
     def logits(
         self,
