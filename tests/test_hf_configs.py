@@ -46,6 +46,7 @@ EXPECTED = {
     "all-minilm-l6-v2": None, "bert-base-uncased": None, "distilbert-base-uncased": None,
     "distilgpt2": None, "gemma-2b": None, "gemma-2-2b": None, "gpt2": None, "llama-3.2-1b": None,
     "mistral-7b-v0.1": None, "pythia-70m": None, "qwen2.5-0.5b": None, "qwen3-0.6b": None,
+    "phi-3-mini-4k-instruct": None,
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
     "smollm2-360m": None, "t5-small": None, "vit-base-patch16-224-in21k": None,
 }  # fmt: skip
@@ -72,6 +73,9 @@ def _shrunk(raw: dict) -> dict:
     for k in HEADS:
         if k in d:
             d[k] = 4
+    pad = d.get("pad_token_id")
+    if isinstance(pad, int) and "vocab_size" in d and pad >= d["vocab_size"]:
+        d["pad_token_id"] = d["vocab_size"] - 1  # Phi-3's 32000: an id of the shrunk vocabulary
     kv = raw.get("num_key_value_heads")
     if kv is not None:  # multi-query stays multi-query, grouped stays grouped
         heads = next(raw[k] for k in HEADS if k in raw)
