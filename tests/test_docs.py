@@ -172,6 +172,8 @@ def test_cli_page_lists_every_command_option_and_file(site):
     for name, sub in subs.choices.items():
         assert f"itde {name}" in page, name
         for action in sub._actions:
+            if action.help == argparse.SUPPRESS:  # a deprecated alias, out of help and page
+                continue
             for flag in action.option_strings:
                 assert flag in page, (name, flag)
         sub.format_help()
