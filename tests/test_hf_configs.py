@@ -330,7 +330,7 @@ def test_a_corrupted_safetensors_file_is_named_with_the_fix(tmp_path, damage, wh
     naming the key, the file and the fix, before transformers starts loading; the intact
     directory passes the same check and loads."""
     from itde.interop._hf_files import check_safetensors
-    from itde.train import _finetune
+    from itde.train._init import HFInit
 
     weights = _saved_gpt2(tmp_path)
     check_safetensors(tmp_path, "model.init")  # intact: no error
@@ -339,7 +339,7 @@ def test_a_corrupted_safetensors_file_is_named_with_the_fix(tmp_path, damage, wh
                rf"safetensors file \([^()]*{why}[^()]*\): it is truncated or corrupted; save "
                r"the model there again with `model\.save_pretrained\(DIR\)`\.$")  # fmt: skip
     with pytest.raises(ValueError, match=pattern):
-        _finetune.converted(tmp_path)
+        HFInit(tmp_path).lm()
     from itde.cli._model_study import _hf_problem
 
     with pytest.raises(ValueError, match=r"^`--hf`: the weights file model\.safetensors"):

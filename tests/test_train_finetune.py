@@ -12,6 +12,7 @@ by Lie at one step per layer; bad input is refused by name.
 
 import dataclasses
 import json
+import re
 import shutil
 
 import equinox as eqx
@@ -172,10 +173,10 @@ def test_smooth_controls_from_the_layers_start_at_the_network(cfg, gpt2_dir):
     np.testing.assert_allclose(PREDICT(with_depth(model, "lie", 1.0), x), want, **TOL)
     # a smooth model has no layers to write back
     from itde.train import lm_from_token_model
-    from itde.train._finetune import converted
+    from itde.train._init import HFInit
 
     with pytest.raises(ValueError, match="smooth in depth"):
-        lm_from_token_model(model, converted(gpt2_dir))
+        lm_from_token_model(model, HFInit(gpt2_dir).lm())
 
 
 def test_a_changed_directory_is_refused_on_resume(cfg, gpt2_dir, tmp_path):
@@ -221,6 +222,34 @@ def test_a_directory_without_tokenizer_or_weights_is_named(gpt2_dir, tmp_path):
     shutil.copy(gpt2_dir / "tokenizer.json", empty)
     with pytest.raises(ValueError, match=r"`model.init`='hf:.*' holds no config.json"):
         Run(from_dict(TrainExperiment, _table(empty, tmp_path / "cache")))
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        (None, "the run was trained from scratch (`model.init` is empty)"),
+        ({"scheme": "rk4"}, "the model has controls smooth in depth (scheme 'rk4')"),
+        ({"dt": 0.5}, "the model was trained with `model.dt`=0.5: each layer split into 2"),
+    ],
+)
+def test_export_hf_refuses_a_run_it_cannot_write_back(gpt2_dir, tmp_path, model, said):
+    """`export_hf` says why a run's model has no Hugging Face class to be written into,
+    naming the run's directory, before it reads the source model (the same decision that
+    keeps a completed run from writing OUT/hf: `export_refusal`)."""
+    from itde.train import _checkpoint as ckpt
+
+    if model is None:  # from scratch: a tiny sort model
+        table = {"model": {"n_layers": 1, "n_features": 4, "n_heads": 1, "n_hidden": 4},
+                 "optim": {"batch_size": 2}}  # fmt: skip
+    else:
+        table = _table(gpt2_dir, tmp_path / "cache", **model)
+    run = Run(from_dict(TrainExperiment, table))
+    directory = tmp_path / "run"
+    ckpt.save(directory, 1, run.init_state(), run.meta())
+    pattern = rf"^`directory`='.*run' holds a run that cannot be exported: {re.escape(said)}"
+    with pytest.raises(ValueError, match=pattern):
+        export_hf(directory)
+    assert not (directory / "hf").exists()
 
 
 @pytest.mark.slow
@@ -273,7 +302,7 @@ def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
 
     from transformers.utils import logging as hf_logging
 
-    from itde.train._finetune import _converted, _stamp
+    from itde.train._init import HFInit, _converted, _stamp
 
     logging.Logger.warning_once.cache_clear()  # transformers' lru_cache of said warnings
     records = []
@@ -284,7 +313,7 @@ def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            lm = _converted.__wrapped__(str(gpt2_dir), _stamp(gpt2_dir))  # not the cached one
+            lm = _converted.__wrapped__(str(gpt2_dir), _stamp(HFInit(gpt2_dir)))  # not the cached one
     finally:
         logger.removeHandler(catch)
     said = [r.getMessage() for r in records]

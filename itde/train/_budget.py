@@ -53,10 +53,9 @@ def step_bytes(cfg, tokens: int, train: bool = True) -> int:
 
 def _dims(m) -> dict[str, int]:
     """The sizes of the `[model]` table `m`, or of its `init` model (its config.json)."""
-    if m.init:
-        from ._finetune import hf_dims
-
-        return hf_dims(m.init_dir)
+    init = m.hf_init
+    if init is not None:
+        return init.dims()
     return {k: getattr(m, k) for k in ("n_layers", "n_features", "n_heads", "n_hidden")}
 
 

@@ -21,7 +21,7 @@ from .._blocks import BLOCK_FORMS
 from .._config import ConfigError, choices, positive, seed
 from .._registry import ACTIVATIONS, FFN_FORMS, SCHEMES
 from .._solve import check_depth_step
-from ..data._tokenizers import HF_TOKENIZER
+from ._init import HF_PREFIX, HFInit, hf_directory
 
 __all__ = [
     "ARCHITECTURE",
@@ -146,10 +146,6 @@ ARCHITECTURE: dict[str, Any] = {
 """The `[model]` keys that describe the network's architecture, with their defaults for a
 model trained from scratch; with `init` they come from the initial model instead."""
 
-#: The prefix of `[model] init` (and of `[task] tokenizer`) naming a local Hugging Face
-#: directory: the tokenizers' own.
-HF_PREFIX = HF_TOKENIZER
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -217,11 +213,10 @@ class ModelConfig:
     init: str = ""
 
     def __post_init__(self):
-        if not isinstance(self.init, str):
-            raise ConfigError(f"`model.init` must be a string such as 'hf:DIR', got {self.init!r}")
+        init = HFInit.parse(self.init)  # None for "", else "hf:DIR" (anything else refused)
         choices("model.scheme", self.scheme, SCHEMES)
         positive("model.dt", self.dt)
-        if self.init:
+        if init is not None:
             self._check_init()
             return
         for key, default in ARCHITECTURE.items():
@@ -283,12 +278,6 @@ class ModelConfig:
     def _check_init(self) -> None:
         """`init = "hf:DIR"`: the architecture is the initial model's; only the depth
         scheme, step and modes are this table's."""
-        if not self.init.startswith(HF_PREFIX) or not self.init[len(HF_PREFIX) :].strip():
-            raise ConfigError(
-                f"`model.init`={self.init!r} must be 'hf:DIR', a local directory holding a "
-                "Hugging Face causal language model (config.json and weights, as "
-                "`save_pretrained` writes them), or '' for a random initialisation"
-            )
         given = [k for k in (*ARCHITECTURE, "eps") if getattr(self, k) is not None]
         if given:
             raise ConfigError(
@@ -309,9 +298,16 @@ class ModelConfig:
         return self.scheme != "lie"
 
     @property
+    def hf_init(self) -> HFInit | None:
+        """`init` read: the Hugging Face directory the model starts from, which opens it
+        (None: a random initialisation)."""
+        return HFInit.parse(self.init)
+
+    @property
     def init_dir(self) -> Path | None:
         """The Hugging Face directory of `init` (None: a random initialisation)."""
-        return Path(self.init[len(HF_PREFIX) :]) if self.init else None
+        init = self.hf_init
+        return None if init is None else init.directory
 
 
 def _warmup_fix(warmup: int, steps: int) -> str:
@@ -591,13 +587,13 @@ class TrainExperiment:
     def __post_init__(self):
         m, t = self.model, self.task
         if self.multilevel.active:
-            if m.init:
+            if m.hf_init is not None:
                 raise ConfigError(
                     "`multilevel` with `model.init`: multilevel training starts from a "
                     "random initialisation; remove one of them"
                 )
             self.multilevel.levels(m)
-        if m.init and (t.name != "textlm" or t.tokenizer != m.init):
+        if m.hf_init is not None and (t.name != "textlm" or t.tokenizer != m.init):
             key, value = ("name", t.name) if t.name != "textlm" else ("tokenizer", t.tokenizer)
             raise ConfigError(
                 f"`task.{key}`={value!r}: `model.init`={m.init!r} fine-tunes a Hugging Face "
@@ -707,9 +703,8 @@ def _relative_to(table: dict, folder: Path) -> dict:
         return text
 
     def moved_hf(text: str) -> str:
-        if text.startswith(HF_PREFIX):
-            return HF_PREFIX + moved(text[len(HF_PREFIX) :])
-        return text
+        directory = hf_directory(text)
+        return text if directory is None else HF_PREFIX + moved(directory)
 
     table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
     places = [("task", "text_path", moved), ("task", "cache_dir", moved),
@@ -750,17 +745,14 @@ def stored_paths(table: dict, directory, init_sha256: str | None = None) -> dict
     if not isinstance(table, dict) or not isinstance(table.get("model", {}), dict):
         return table  # not a config: `from_dict` names what is wrong
     init = table.get("model", {}).get("init")
+    relative = hf_directory(init) if isinstance(init, str) else None
     base = Path.cwd()
-    if isinstance(init, str) and init.startswith(HF_PREFIX):
-        relative = Path(init[len(HF_PREFIX) :])
-        if not relative.is_absolute():
-            from ._finetune import fingerprint
-
-            for folder in (base, *Path(directory).absolute().parents):
-                found = folder / relative
-                if found.is_dir() and init_sha256 in (None, fingerprint(found)):
-                    base = folder
-                    break
+    if relative is not None and not Path(relative).is_absolute():
+        for folder in (base, *Path(directory).absolute().parents):
+            found = folder / relative
+            if found.is_dir() and init_sha256 in (None, HFInit(found).sha256()):
+                base = folder
+                break
     return _relative_to(table, base)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .._io import check_output_location
-from ._finetune import converted, lm_from_token_model, write_hf
+from ._finetune import export, export_refusal
 from ._load import load
 
 __all__ = ["export_hf"]
@@ -31,11 +31,9 @@ def export_hf(directory, out=None) -> Path:
     if out is not None:  # a file in the way, or nowhere to write: said before loading
         check_output_location(out, "out")
     model, cfg, _ = load(directory)
-    if not cfg.model.init:
-        raise ValueError(
-            f"`directory`={str(directory)!r} holds a run trained from scratch (`model.init` "
-            "is empty); only a model started from a Hugging Face directory has a class to "
-            "be written back into."
-        )
-    lm = lm_from_token_model(model, converted(cfg.model.init_dir))
-    return write_hf(lm, cfg.model.init_dir, Path(directory) / "hf" if out is None else out)
+    init = cfg.model.hf_init
+    refusal = export_refusal(model, from_hf=init is not None)
+    if refusal is not None:
+        raise ValueError(f"`directory`={str(directory)!r} holds a run that cannot be exported: "
+                         f"{refusal}")  # fmt: skip
+    return export(model, init, Path(directory) / "hf" if out is None else out)

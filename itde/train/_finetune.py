@@ -37,8 +37,6 @@ where the config says.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import shutil
 from pathlib import Path
 
@@ -46,88 +44,21 @@ import jax.numpy as jnp
 
 from .._controls import LegendreControls, PiecewiseConstant
 from .._io import check_output_dir
-from ..interop._hf_files import check_safetensors
+from ._init import HFInit
 from ._model import TokenModel, check_depth
 
-__all__ = ["init_from_hf", "lm_from_token_model", "token_model_from_lm", "write_hf"]
+__all__ = [
+    "export",
+    "export_refusal",
+    "init_from_hf",
+    "lm_from_token_model",
+    "token_model_from_lm",
+    "write_hf",
+]
 
-_WEIGHTS = ("*.safetensors", "*.bin")
 #: Tokenizer files copied next to an exported model, where the source directory has them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
-
-
-def _files(path: Path) -> list[Path]:
-    """The files that define the model of a Hugging Face directory (sorted)."""
-    found = [path / "config.json", path / "tokenizer.json"]
-    for pattern in _WEIGHTS:
-        found += sorted(path.glob(pattern))
-    return [f for f in found if f.is_file()]
-
-
-def check_dir(path: Path, name: str = "model.init") -> Path:
-    """Raise naming `name` unless `path` is a directory with a `config.json` and weights."""
-    fix = "save the model there with `model.save_pretrained(DIR)` (config.json and weights)"
-    if not path.is_dir():
-        raise ValueError(f"`{name}`='hf:{path}' is not a directory; {fix}.")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"`{name}`='hf:{path}' holds no config.json; {fix}.")
-    if not any(any(path.glob(p)) for p in _WEIGHTS):
-        raise ValueError(f"`{name}`='hf:{path}' holds no weights (*.safetensors or *.bin); {fix}.")
-    check_safetensors(path, name)  # a truncated file: named here, not by safetensors
-    return path
-
-
-def fingerprint(path: Path) -> str:
-    """The SHA-256 of the directory's `config.json`, weights and `tokenizer.json` (names and
-    contents): a checkpoint records it, and `--resume` refuses a directory that changed."""
-    digest = hashlib.sha256()
-    for f in _files(path):
-        digest.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def _stamp(path: Path) -> tuple:
-    return tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _files(path))
-
-
-@functools.lru_cache(maxsize=4)
-def _converted(path: str, stamp: tuple):
-    import torch
-    import transformers
-
-    from ..interop import from_hf
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, local_files_only=True
-    )
-    return from_hf(model.eval())
-
-
-def converted(path: str | Path, name: str = "model.init"):
-    """The [`HFCausalLM`][itde.HFCausalLM] of the Hugging Face directory `path`, in float32
-    (read once per state of its files)."""
-    path = check_dir(Path(path), name)
-    try:
-        return _converted(str(path.resolve()), _stamp(path))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"`{name}`='hf:{path}': {e}") from None
-
-
-def hf_dims(path: str | Path) -> dict[str, int]:
-    """`n_layers`, `n_features`, `n_heads`, `n_hidden` of the model in `path` (from its
-    `config.json`), for the memory estimate made before a run starts."""
-    import transformers
-
-    c = transformers.AutoConfig.from_pretrained(str(check_dir(Path(path))),
-                                                local_files_only=True)  # fmt: skip
-    d = int(c.hidden_size)
-    hidden = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or 4 * d
-    return {"n_layers": int(c.num_hidden_layers), "n_features": d,
-            "n_heads": int(c.num_attention_heads), "n_hidden": int(hidden)}  # fmt: skip
 
 
 def token_model_from_lm(lm, m, *, vocab: int, context: int, name: str = "model.init"):
@@ -205,15 +136,24 @@ def init_from_hf(m, *, vocab: int, context: int, dtype=jnp.float32) -> TokenMode
     the `[model]` table `m` ([`token_model_from_lm`][itde.train.token_model_from_lm])."""
     from ._model import cast
 
-    lm = converted(m.init_dir)
+    lm = m.hf_init.lm()
     return cast(token_model_from_lm(lm, m, vocab=vocab, context=context), dtype)
 
 
-def lm_from_token_model(model: TokenModel, template):
-    """The [`HFCausalLM`][itde.HFCausalLM] `template` (the converted source model) with the
-    weights of the per-layer `model` built from it: what `to_hf` writes back."""
+def export_refusal(model, *, from_hf: bool = True) -> str | None:
+    """Why the trained `model` of a run cannot be written back as its Hugging Face class
+    (`from_hf`: whether the run started from one, `[model] init`), or None if it can.
+
+    The one decision: a completed run writes `OUT/hf` exactly when this is None, and
+    [`export_hf`][itde.train.export_hf] and
+    [`lm_from_token_model`][itde.train.lm_from_token_model] raise what it says."""
+    if not from_hf:
+        return (
+            "the run was trained from scratch (`model.init` is empty); only a model started "
+            "from a Hugging Face directory has a class to be written back into."
+        )
     if not isinstance(model.ide.controls, PiecewiseConstant) or model.scheme != "lie":
-        raise ValueError(
+        return (
             f"the model has controls smooth in depth (scheme {model.scheme!r}); a Hugging "
             "Face model is a per-layer network, so it has no layers to write. Fine-tune with "
             "`model.scheme` = 'lie' to export (or sample its controls at the layers "
@@ -221,11 +161,20 @@ def lm_from_token_model(model: TokenModel, template):
         )
     # exact: `dt` is the number the config gives; 1 means one step per layer
     if model.dt != 1.0:
-        raise ValueError(
+        return (
             f"the model was trained with `model.dt`={model.dt:g}: each layer split into "
             f"{1 / model.dt:g} steps is another network than the Hugging Face class computes "
             "(one step per layer); fine-tune with dt = 1 to export."
         )
+    return None
+
+
+def lm_from_token_model(model: TokenModel, template):
+    """The [`HFCausalLM`][itde.HFCausalLM] `template` (the converted source model) with the
+    weights of the per-layer `model` built from it: what `to_hf` writes back."""
+    refusal = export_refusal(model)
+    if refusal is not None:
+        raise ValueError(refusal)
     if (template.head is None) != model.tied:
         raise ValueError("the model's head is tied where the source model's is not (or the "
                          "reverse); it was not built from this source model.")  # fmt: skip
@@ -248,3 +197,12 @@ def write_hf(lm, source: Path, out, name: str = "out") -> Path:
         if (Path(source) / name).is_file():
             shutil.copyfile(Path(source) / name, out / name)
     return out
+
+
+def export(model: TokenModel, init: HFInit, out, *, name: str = "out") -> Path:
+    """Write the trained `model` of a run started from `init` into `out` as a Hugging Face
+    directory: the source class with `model`'s weights
+    ([`lm_from_token_model`][itde.train.lm_from_token_model], `to_hf`) and the tokenizer
+    files of `init`'s directory. The one writer of an export: a completed run's `OUT/hf`
+    and [`export_hf`][itde.train.export_hf]. `name`: what `out` is called in errors."""
+    return write_hf(lm_from_token_model(model, init.lm()), init.directory, out, name=name)

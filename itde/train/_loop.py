@@ -83,6 +83,7 @@ from ._config import (
 )
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss
 from ._evaluate import evaluate
+from ._finetune import export, export_refusal
 from ._model import loss_fn
 from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer
 from ._tasks import TASKS
@@ -394,24 +395,21 @@ class Run:
             "data_key_impl": str(jax.random.key_impl(self.data_key)),
             "task": self.task.checkpoint_meta(),
         }
-        if self.cfg.model.init:
+        if self.cfg.model.hf_init is not None:
             out["init"] = self.init_meta()
         return out
 
     def init_meta(self) -> dict:
         """The Hugging Face directory of `[model] init` and the SHA-256 of its files
-        (computed once per run)."""
+        (`HFInit.record`, computed once per run)."""
         if getattr(self, "_init_meta", None) is None:
-            from ._finetune import fingerprint
-
-            path = self.cfg.model.init_dir
-            self._init_meta = {"path": str(path.absolute()), "sha256": fingerprint(path)}
+            self._init_meta = self.cfg.model.hf_init.record()
         return self._init_meta
 
     def check_init(self, meta: dict, directory) -> None:
         """Raise if the Hugging Face directory a checkpoint's run started from has changed
         since (resuming would not continue the same run)."""
-        if not self.cfg.model.init:
+        if self.cfg.model.hf_init is None:
             return
         stored = (meta.get("init") or {}).get("sha256")
         if stored != self.init_meta()["sha256"]:
@@ -611,13 +609,6 @@ def _diverged(error, step: int, last: dict, cfg) -> FloatingPointError:
     )
 
 
-def _exportable(cfg) -> bool:
-    """A run started from a Hugging Face model that is still its per-layer network."""
-    m = cfg.model
-    # exact: `dt` is the number the config gives; 1 means one step per layer
-    return bool(m.init) and not m.continuous and m.dt == 1.0
-
-
 def _finish(out: Path, total: int, task, saved: bool) -> list[str]:
     """The loss curve of the run's metrics, and every file the run wrote."""
     from ._plot import plot_metrics
@@ -773,11 +764,9 @@ def train(
             raise _diverged(e, s, last, cfg) from e
     bar.close()
     files = _finish(out, total, run.task, saved) if is_main else []
-    if is_main and done >= total and _exportable(cfg):
-        from ._finetune import converted, lm_from_token_model, write_hf
-
-        lm = lm_from_token_model(shd.to_host(model), converted(cfg.model.init_dir))
-        hf = write_hf(lm, cfg.model.init_dir, out / "hf", name="out/hf")
+    init = cfg.model.hf_init
+    if is_main and done >= total and export_refusal(model, from_hf=init is not None) is None:
+        hf = export(shd.to_host(model), init, out / "hf", name="out/hf")
         files += sorted(str(f) for f in hf.iterdir())
     return TrainResult(
         step=done,

@@ -191,7 +191,7 @@ class TextLM(AbstractTokenTask):
         return self._read().batch(key, "val", n, self.config.context)
 
     def init_model(self, model_config, key, *, dtype=jnp.float32):
-        if model_config.init:  # the converted model: `key` draws nothing
+        if model_config.hf_init is not None:  # the converted model: `key` draws nothing
             from ._finetune import init_from_hf
 
             return init_from_hf(
