@@ -20,6 +20,7 @@ from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
 from ._hf_lm import CausalLMFamily
+from ._hf_missing import unsupported_class_message
 from ._hf_mistral import MistralFamily
 from ._hf_model import HFTransformer
 from ._hf_neox import GPTNeoXFamily
@@ -69,13 +70,21 @@ def _lookup(model) -> tuple[str, AbstractHFFamily]:
         if family is not None and cls.__module__.startswith("transformers"):
             return cls.__name__, family
     what = type(model).__name__
-    hint = ""
+    if not any(c.__module__.startswith("transformers") for c in type(model).__mro__):
+        raise TypeError(
+            f"`model` is a {what}, not a Hugging Face transformers model; itde.from_hf "
+            f"converts transformers {', '.join(HF_FAMILIES)} (itde.from_torch converts "
+            "PyTorch's nn.TransformerEncoder)."
+        )
     base = getattr(model, "base_model", None)
     if base is not None and base is not model and type(base).__name__ in HF_FAMILIES:
-        hint = " For a model with a head, convert its base model: `itde.from_hf(model.base_model)`."
-    raise TypeError(
-        f"`model` is a {what}; itde.from_hf converts transformers {', '.join(HF_FAMILIES)}.{hint}"
-    )
+        raise TypeError(
+            f"`model` is a {what}, whose head itde.from_hf does not convert; its base model, "
+            f"a {type(base).__name__}, converts. For a model with a head, convert its base "
+            "model: `itde.from_hf(model.base_model)`."
+        )
+    # name what the model has that no family converts, and the nearest family that does
+    raise TypeError(unsupported_class_message(model, HF_FAMILIES))
 
 
 def from_hf(model: Any) -> Any:
@@ -113,7 +122,10 @@ def from_hf(model: Any) -> Any:
     `ValueError` naming the config field, its value and where transformers reads it; metadata
     no transformers code defines or reads (`_model_name_or_path`, `unk_token_id`) cannot
     change the network and is accepted. A model class not listed raises `TypeError` naming
-    it; quantized weights kept packed raise `ValueError`.
+    it, what its forward has that no family converts (query/key normalisation, norms
+    around each sublayer, a mixture of experts, soft-capping, layers of different kinds, read
+    off the model's modules and config) and the nearest class that converts; quantized
+    weights kept packed raise `ValueError`.
     """
     name, family = _lookup(model)
     family.check(model, name)

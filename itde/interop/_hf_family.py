@@ -146,7 +146,7 @@ class AbstractHFFamily(eqx.Module):
                 f"`config.{k}`={v!r} is not a field {family} converts: {semantic[k]}, so it "
                 f"may change what {name} computes, and the converted model would ignore "
                 f"it{_more(unknown)}. Remove it (or set it to None) if the model does not "
-                f"use it; {family} reads {', '.join(sorted(self.fields))}."
+                f"use it; {family} reads {', '.join(sorted(self.fields))}.{_converted_by(k)}"
             )
         if unreadable is not None:
             k, v = set_fields[0]
@@ -295,6 +295,18 @@ def check_weights(model) -> None:
                 f"(`config.quantization_config`={quant!r}); itde converts floating-point "
                 "weights: load the model with its weights dequantized."
             )
+
+
+def _converted_by(field: str) -> str:
+    """The families that convert `field` (the nearest supported ones for a model that sets
+    it), as a sentence; empty when none does."""
+    from ._hf import HF_FAMILIES  # the registry imports the families: read it when refusing
+
+    families = {getattr(f, "base_family", f) for f in HF_FAMILIES.values()}  # heads: their base
+    names = sorted({type(f).__name__ for f in families if field in f.fields})
+    if not names:
+        return ""
+    return f" The families that convert `{field}`: {', '.join(names)}."
 
 
 def _more(unknown) -> str:
