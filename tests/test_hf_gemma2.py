@@ -157,6 +157,24 @@ def test_cached_greedy_generation_equals_transformers(pair):
     np.testing.assert_array_equal(lm.generate(prompt, 8, cache=False), ref)
 
 
+def test_decode_steps_equal_the_uncached_logits(pair):
+    """Each decode step (one row against the cache: the capped scores, the sliding layer's
+    window in the mask, the output norms) gives the uncached forward's logits of its
+    position, past the window, to float64 round-off."""
+    _, lm = pair
+    eq = lm.base.equation
+    layers = itde.split_layers(eq)
+    ids = jnp.asarray(np.random.RandomState(4).randint(4, VOCAB, size=16))
+    u0 = lm.base.embed(ids)
+    ref = np.asarray(lm.logits(ids))
+    _, cache = itde.prefill(eq, layers, u0, 6)
+    step = jax.jit(lambda u, cache: itde.decode(eq, layers, u, cache))
+    for p in range(6, 16):
+        h, cache = step(u0[p : p + 1], cache)
+        got = np.asarray(lm.project(eq.output(h)))[0]
+        np.testing.assert_allclose(got, ref[p], rtol=0, atol=1e-12 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("layer", [0, 1])
 def test_attention_weights_are_the_capped_windowed_kernels(pair, layer):
     """`itde.analysis.attention_weights` of the sliding layer 0 and the full layer 1 equal
