@@ -44,13 +44,14 @@ def _subparsers(parser) -> dict[str, argparse.ArgumentParser]:
 def command_key(args: argparse.Namespace) -> str:
     """The key of a parsed command line (its config file read for the axis or the task)."""
     from itde import _config
+    from itde.studies._converge_config import ConvergeExperiment
 
     c = args.command
     if c == "converge":
         for source in ("checkpoint", "hf"):
             if getattr(args, source) is not None:
                 return f"converge --{source}"
-        cfg, _ = _config.experiment(_config.ConvergeExperiment, args.config, args.set)
+        cfg, _ = _config.experiment(ConvergeExperiment, args.config, args.set)
         return f"converge --axis {args.axis or cfg.study.axis}"
     if c == "analyze":
         if getattr(args, "exponent", "exact") != "exact":

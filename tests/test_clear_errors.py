@@ -179,8 +179,9 @@ def test_diffrax_options_of_the_wrong_kind(model):
 
 def test_empty_scheme_list_and_non_table_config():
     from itde import _config
+    from itde.studies._converge_config import ConvergeExperiment
 
     with pytest.raises(_config.ConfigError, match=r"`study.schemes` is empty"):
-        _config.from_dict(_config.ConvergeExperiment, {"study": {"schemes": []}})
+        _config.from_dict(ConvergeExperiment, {"study": {"schemes": []}})
     with pytest.raises(_config.ConfigError, match=r"must be a table"):
-        _config.from_dict(_config.ConvergeExperiment, None)
+        _config.from_dict(ConvergeExperiment, None)

@@ -13,6 +13,8 @@ import pytest
 import itde
 from itde import _config
 from itde.cli import main
+from itde.cli._solve_config import SolveExperiment
+from itde.studies._converge_config import ConvergeExperiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,12 +84,12 @@ def test_solve_writes_summary_and_plot(tmp_path, capsys):
 
 def test_shipped_configs_parse():
     for path in sorted((ROOT / "configs").glob("solve*.toml")):
-        _config.load(_config.SolveExperiment, path)
+        _config.load(SolveExperiment, path)
 
 
 def test_default_config_file_equals_built_in_default():
-    assert _config.load(_config.SolveExperiment, ROOT / "configs" / "solve.toml") == (
-        _config.SolveExperiment()
+    assert _config.load(SolveExperiment, ROOT / "configs" / "solve.toml") == (
+        SolveExperiment()
     )
 
 
@@ -110,7 +112,7 @@ def test_bad_config_names_key_and_file(tmp_path, body, match):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(body)
     with pytest.raises(_config.ConfigError, match=match) as e:
-        _config.load(_config.SolveExperiment, cfg)
+        _config.load(SolveExperiment, cfg)
     assert str(cfg) in str(e.value)
 
 
@@ -201,18 +203,43 @@ def test_converge_config_errors(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[study]\nschemes = ["lie", "rk5"]\n')
     with pytest.raises(_config.ConfigError, match=r"`study.schemes` holds 'rk5'"):
-        _config.load(_config.ConvergeExperiment, cfg)
+        _config.load(ConvergeExperiment, cfg)
     cfg.write_text("[study]\nsteps = [8, 4]\n")
     with pytest.raises(_config.ConfigError, match=r"strictly increasing"):
-        _config.load(_config.ConvergeExperiment, cfg)
+        _config.load(ConvergeExperiment, cfg)
     cfg.write_text('[study]\npre_norm_schemes = ["rk5"]\n')
     with pytest.raises(_config.ConfigError, match=r"`study.pre_norm_schemes` holds 'rk5'"):
-        _config.load(_config.ConvergeExperiment, cfg)
+        _config.load(ConvergeExperiment, cfg)
+
+
+def test_config_loader_holds_no_schema():
+    """`itde._config` is the TOML loader only; each command's schema is beside the command
+    (`itde solve`'s in the CLI, `itde converge`'s beside the studies it runs)."""
+    import dataclasses
+
+    here = [n for n, o in vars(_config).items()
+            if dataclasses.is_dataclass(o) and o.__module__ == _config.__name__]  # fmt: skip
+    assert here == []
+    assert SolveExperiment.__module__ == "itde.cli._solve_config"
+    assert ConvergeExperiment.__module__ == "itde.studies._converge_config"
+
+
+def test_studies_load_their_names_on_use():
+    """`itde.studies` imports no JAX until a name is used (the CLI reads the converge
+    config from it while building its parser): each name is its module's object."""
+    import importlib
+
+    import itde.studies as studies
+
+    assert set(studies.__all__) <= set(dir(studies))
+    for name in studies.__all__:
+        module = importlib.import_module(studies._EXPORTS[name], "itde.studies")
+        assert callable(getattr(module, name)) and getattr(studies, name) is getattr(module, name)
 
 
 def test_shipped_convergence_config_is_the_default():
-    assert _config.load(_config.ConvergeExperiment, ROOT / "configs" / "convergence.toml") == (
-        _config.ConvergeExperiment()
+    assert _config.load(ConvergeExperiment, ROOT / "configs" / "convergence.toml") == (
+        ConvergeExperiment()
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 from itde import _config
 from itde.cli import main
 from itde.cli._main import build_parser
+from itde.cli._solve_config import SolveExperiment
 from itde.train import TrainExperiment, load_config
 
 SORT = """
@@ -182,11 +183,11 @@ def test_set_applies_after_the_file_and_the_last_wins(tmp_path):
     assert cfg.task.text_path == "b.txt"
     # the generic loader (solve, converge, analyze) too, and the built-in defaults
     sets = ["grid.tokens=simpson", "solve.n_tokens=17"]
-    cfg, source = _config.experiment(_config.SolveExperiment, None, sets)
+    cfg, source = _config.experiment(SolveExperiment, None, sets)
     assert (cfg.grid.tokens, cfg.solve.n_tokens, cfg.model.n_layers) == ("simpson", 17, 6)
     assert source == "<built-in default> --set grid.tokens=simpson --set solve.n_tokens=17"
-    assert _config.experiment(_config.SolveExperiment, None, []) == (
-        _config.SolveExperiment(),
+    assert _config.experiment(SolveExperiment, None, []) == (
+        SolveExperiment(),
         "<built-in default>",
     )
 

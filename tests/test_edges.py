@@ -64,7 +64,9 @@ def test_float64_models_convert_with_x64():
 
 
 def test_config_keys_that_do_not_fit_are_named(tmp_path):
-    from itde._config import ConfigError, ConvergeExperiment, SolveExperiment, from_dict
+    from itde._config import ConfigError, from_dict
+    from itde.cli._solve_config import SolveExperiment
+    from itde.studies._converge_config import ConvergeExperiment
 
     with pytest.raises(ConfigError, match=r"`model.n_features`=32 does not fit "
                        r"`grid.features`='simpson'.*n=33"):  # fmt: skip

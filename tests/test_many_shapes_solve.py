@@ -266,7 +266,7 @@ def test_a_token_convergence_study_compiles_per_bucket_not_per_count():
     bucket (and every rule of the same structure) shares one program. One rule, its causal
     row, three counts in the bucket 8: two programs for the grids and two for the
     references (9 Gauss-Legendre nodes), not one per count (eight)."""
-    from itde._config import ConvergeExperiment
+    from itde.studies._converge_config import ConvergeExperiment
     from itde.studies._grid import run_grid_study
 
     cfg = ConvergeExperiment()

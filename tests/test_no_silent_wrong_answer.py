@@ -14,6 +14,8 @@ import torch
 import itde
 import itde.cli
 from itde import _config
+from itde.cli._solve_config import SolveExperiment
+from itde.studies._converge_config import ConvergeExperiment
 
 KEY = jax.random.PRNGKey(0)
 
@@ -145,9 +147,9 @@ def test_small_but_real_variance_is_projected():
 @pytest.mark.parametrize("seed", [-1, 2**32, 2**63 - 1])
 def test_seeds_outside_32_bits_are_config_errors(seed):
     with pytest.raises(_config.ConfigError, match=r"`model.seed`=.* must be an integer in \[0, "):
-        _config.from_dict(_config.SolveExperiment, {"model": {"seed": seed}})
+        _config.from_dict(SolveExperiment, {"model": {"seed": seed}})
     with pytest.raises(_config.ConfigError, match=r"`problem.seed`="):
-        _config.from_dict(_config.ConvergeExperiment, {"problem": {"seed": seed}})
+        _config.from_dict(ConvergeExperiment, {"problem": {"seed": seed}})
 
 
 # ------------------------------------------------------------------ 6. batch layout

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde._config import ConvergeExperiment, StudyConfig
+from itde.studies._converge_config import ConvergeExperiment, StudyConfig
 from itde.studies._grid import GridProblem, _grid, run_grid_study
 
 GL = itde.GaussLegendre

@@ -9,6 +9,7 @@ import sys
 from .. import _config
 from .._io import check_output_dir, write_json
 from ._help import add_set_option, writes
+from ._solve_config import SolveExperiment
 
 #: Where `itde analyze` writes when `--out` is not given.
 DEFAULT_OUT = "runs/analyze"
@@ -26,7 +27,7 @@ def _config_problem(path: str | None, n: int, overrides=()):
 
     from ._build import _build_solve
 
-    cfg, source = _config.experiment(_config.SolveExperiment, path, overrides)
+    cfg, source = _config.experiment(SolveExperiment, path, overrides)
     try:
         model = _build_solve(cfg)
     except ValueError as e:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .. import _config
+from ._solve_config import SolveExperiment
 
 
-def _build_solve(cfg: _config.SolveExperiment):
+def _build_solve(cfg: SolveExperiment):
     import jax
 
     from .._blocks import block_from_names

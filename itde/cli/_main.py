@@ -12,8 +12,10 @@ import sys
 
 from .. import _config
 from .._io import check_output_dir, write_json
+from ..studies._converge_config import AXES, ConvergeExperiment, StudyConfig
 from ._build import _build_solve
 from ._help import Parser, add_compilation_cache_options, add_set_option, writes
+from ._solve_config import SolveConfig, SolveExperiment
 
 
 def _out(flag, configured, key):
@@ -36,7 +38,7 @@ def cmd_solve(args) -> int:
     from .._plot import plot_trajectory
     from .._solve import solve
 
-    cfg, source = _config.experiment(_config.SolveExperiment, args.config, args.set)
+    cfg, source = _config.experiment(SolveExperiment, args.config, args.set)
     if args.dt is not None:  # the flag overrides [solve] dt, checked as the config checks it
         import dataclasses
 
@@ -123,7 +125,7 @@ def cmd_converge(args) -> int:
     from ..studies._depth import format_table, run_depth_study, write_outputs
     from ..studies._grid import run_grid_study
 
-    cfg, source = _config.experiment(_config.ConvergeExperiment, args.config, args.set)
+    cfg, source = _config.experiment(ConvergeExperiment, args.config, args.set)
     if args.axis:
         cfg = dataclasses.replace(cfg, study=dataclasses.replace(cfg.study, axis=args.axis))
     out = _out(args.out, cfg.study.out, "study.out")
@@ -174,7 +176,7 @@ Run `itde COMMAND --help` for a command's options and the files it writes."""
 
 
 def _add_solve(sub) -> None:
-    out = _default(_config.SolveConfig, "out")
+    out = _default(SolveConfig, "out")
     p = sub.add_parser(
         "solve",
         help="solve the equation for a random model and state; per-layer summaries",
@@ -206,8 +208,8 @@ def _add_solve(sub) -> None:
 
 
 def _add_converge(sub) -> None:
-    out = _default(_config.StudyConfig, "out")
-    axis = _default(_config.StudyConfig, "axis")
+    out = _default(StudyConfig, "out")
+    axis = _default(StudyConfig, "axis")
     p = sub.add_parser(
         "converge",
         help="observed convergence orders of the depth integrators or quadrature rules",
@@ -236,7 +238,7 @@ def _add_converge(sub) -> None:
                    "configs/convergence.toml)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output directory, created if missing "
                    f"(default: [study] out of the config, {out!r})")  # fmt: skip
-    p.add_argument("--axis", choices=_config.AXES, metavar="AXIS", help="what to refine: "
+    p.add_argument("--axis", choices=AXES, metavar="AXIS", help="what to refine: "
                    f"%(choices)s (default: [study] axis of the config, {axis!r})")  # fmt: skip
     p.add_argument("--checkpoint", metavar="DIR", help="study the depth of the model of this "
                    "training checkpoint (from `itde train`), on its held-out inputs (default: "

@@ -22,7 +22,7 @@ import numpy as np
 import itde_solvers as solvers
 
 from .._blocks import PreNorm
-from .._config import ConfigError, ConvergeExperiment, ProblemConfig
+from .._config import ConfigError
 from .._controls import LegendreControls
 from .._equation import TransformerIDE
 from .._io import check_output_dir, write_json
@@ -31,6 +31,7 @@ from .._quadrature._rules import Grid
 from .._random import normal
 from .._registry import SCHEMES
 from .._solve import solve
+from ._converge_config import ConvergeExperiment, ProblemConfig
 
 
 def build_problem(p: ProblemConfig) -> tuple[TransformerIDE, jax.Array]:

@@ -47,7 +47,6 @@ import numpy as np
 
 import itde_solvers as solvers
 
-from .._config import ConvergeExperiment
 from .._controls import LegendreControls, PiecewiseConstant, stack
 from .._equation import TransformerIDE
 from .._programs import programs
@@ -57,6 +56,7 @@ from .._registry import SCHEMES
 from .._solve import solve
 from ..function import FourierBasis, FunctionField, LegendreBasis
 from ..function._block import FunctionBlock
+from ._converge_config import ConvergeExperiment
 from ._depth import study_order
 
 FIXED_NODES = 32  # the fixed, fine Gauss-Legendre grid on the axis not being refined
