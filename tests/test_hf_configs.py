@@ -44,7 +44,7 @@ BASE = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBer
 # None: converts exactly; a pattern: the refusal's message. Every checkpoint listed converts.
 EXPECTED = {
     "all-minilm-l6-v2": None, "bert-base-uncased": None, "distilbert-base-uncased": None,
-    "distilgpt2": None, "gemma-2b": None, "gemma-2-2b": None, "gpt2": None, "llama-3.2-1b": None,
+    "distilgpt2": None, "gemma-2b": None, "gemma-2-2b": None, "olmo-2-0425-1b": None, "gpt2": None, "llama-3.2-1b": None,
     "mistral-7b-v0.1": None, "pythia-70m": None, "qwen2.5-0.5b": None, "qwen3-0.6b": None,
     "phi-3-mini-4k-instruct": None,
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,

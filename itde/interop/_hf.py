@@ -16,6 +16,7 @@ from ._hf_export import to_hf
 from ._hf_family import AbstractHFFamily
 from ._hf_gemma import GemmaFamily
 from ._hf_gemma2 import Gemma2Family
+from ._hf_olmo2 import Olmo2Family
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
@@ -52,6 +53,8 @@ for _family in (
     Gemma2Family(),
     CausalLMFamily("Gemma2ForCausalLM", Gemma2Family(), base="model", head="lm_head",
                    logit_cap=True),
+    Olmo2Family(),
+    CausalLMFamily("Olmo2ForCausalLM", Olmo2Family(), base="model", head="lm_head"),
     CausalLMFamily("GPTNeoXForCausalLM", GPTNeoXFamily(), base="gpt_neox", head="lm_head"),
 ):  # fmt: skip
     for _name in _family.classes:
