@@ -72,7 +72,7 @@ def test_tied_model_has_vocab_times_width_plus_one_fewer_parameters(tied_run):
     # weight decay still covers the embedding (its role is a kernel, as before), and the
     # optimiser's decay mask has no readout to decay
     assert itde.parameter_roles(tied).embedding == "decay"
-    from itde.train._loop import _decay_mask
+    from itde.train._optim import _decay_mask
 
     mask = _decay_mask(eqx.filter(tied, eqx.is_inexact_array))
     assert mask.embedding is True and mask.readout is None and mask.readout_bias is None

@@ -13,7 +13,7 @@ import pytest
 import itde
 from itde._blocks import block_from_names
 from itde._solve import terms_kind
-from itde.train._loop import _decay_mask, _labels
+from itde.train._optim import _decay_mask, _labels
 from itde_solvers import LieTrotter, Projected, SplitTerm, Strang
 
 KEY = jax.random.key(0)

@@ -47,17 +47,11 @@ from ._evaluate import evaluate
 from ._export import export_hf
 from ._finetune import init_from_hf, lm_from_token_model, token_model_from_lm
 from ._load import load
-from ._loop import (
-    Run,
-    TrainResult,
-    make_optimizer,
-    make_schedule,
-    make_step,
-    place,
-    train,
-)
+from ._loop import TrainResult, train
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
 from ._multilevel import MOMENTS, PROLONGATIONS, RESTRICTIONS, LevelSchedule, Transfer, coarsen
+from ._optim import make_optimizer, make_schedule, make_step
+from ._run import Run, place
 from ._sample import TokenDecoder, sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh, shard
 from ._task import AbstractTask, AbstractTokenTask

@@ -85,7 +85,7 @@ def read_run(directory, name: str, spread: bool = False):
             "config with `itde.train.load_config(TrainExperiment, path)`, a trained model "
             "from the run's output directory (`--out`), e.g. `itde.train.load('runs/sort')`."
         )
-    from ._loop import Run
+    from ._run import Run
     from ._tasks import TASKS
 
     try:
