@@ -3,7 +3,7 @@ line on stderr naming the flag or key, the value and the fix, exit status 2, no 
 
 Each case here once ended otherwise: a 40-line JAX traceback (a tokenizer whose ids exceed
 the model's vocabulary; a learning rate of 1e6), a bare UTF-8 decode error (a binary
-`--text`), a bare `FileExistsError` (`export_hf(run, out=<a file>)`), "[Errno 20] Not a
+`--text`), a bare `FileExistsError` (`export_hf_dir(run, out=<a file>)`), "[Errno 20] Not a
 directory" without the key (`task.cache_dir` a file), "[Errno 1] Operation not permitted"
 without `--out` (an output directory under /sys or /proc, where root may not write
 either)."""
@@ -93,24 +93,25 @@ def test_binary_text_is_named_before_the_model_loads(foreign_tokenizer_dir, tmp_
     assert "byte 0x80 at offset 10" in line and "give a UTF-8 text file" in line, line
 
 
-def test_export_hf_into_a_file_names_out(tmp_path):
-    from itde.train import export_hf
+def test_export_hf_dir_into_a_file_names_out(tmp_path):
+    from itde.train import export_hf_dir
 
     blocker = tmp_path / "model.bin"
     blocker.write_text("x")
     with pytest.raises(FileExistsError, match=r"`out` '.*model.bin' cannot be created as a "
                        r"directory \('.*model.bin' is a file\); give another path"):  # fmt: skip
-        export_hf(tmp_path / "run", out=blocker)  # said before the run is read
+        export_hf_dir(tmp_path / "run", out=blocker)  # said before the run is read
 
 
 def test_export_writes_into_a_named_directory(tmp_path):
-    """`write_hf` (what `export_hf` and a completed fine-tuning run call) names its `out`."""
-    from itde.train._finetune import write_hf
+    """`export` (what `export_hf_dir` and a completed fine-tuning run call) names its `out`
+    before it reads the model."""
+    from itde.train._finetune import export
 
     blocker = tmp_path / "hf"
     blocker.write_text("x")
     with pytest.raises(FileExistsError, match=r"`out/hf` '.*hf' is an existing file"):
-        write_hf(None, tmp_path, blocker, name="out/hf")
+        export(None, None, blocker, name="out/hf")
 
 
 def test_cache_dir_that_is_a_file_names_the_key(tmp_path, capsys):

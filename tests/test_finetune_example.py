@@ -139,7 +139,7 @@ def test_the_how_to_fine_tunes_a_tiny_gpt2_with_the_shipped_config(tmp_path, mon
     assert got["ours"] < 1e-5, out  # float32 round-off of a 2-layer width-32 network
     assert got["change"] > 1e3 * max(got["ours"], 1e-9), out  # the run changed the model
     assert 0.03 < got["change"] < 0.12, out  # the page says "about 0.06"
-    assert got["export"] == 0.0, out  # export_hf writes the same weights as OUT/hf
+    assert got["export"] == 0.0, out  # export_hf_dir writes the same weights as OUT/hf
     rows = [json.loads(r) for r in Path("runs/finetune_hf/metrics.jsonl").read_text().split("\n")
             if r]  # fmt: skip
     assert [r["step"] for r in rows if "eval_nats_per_token" in r] == [5, 10, 15, 20]

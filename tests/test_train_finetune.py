@@ -30,7 +30,7 @@ from itde.train import (
     ConfigError,
     Run,
     TrainExperiment,
-    export_hf,
+    export_hf_dir,
     from_dict,
     load,
     train,
@@ -140,8 +140,9 @@ def test_finetune_learns_resumes_and_exports_to_transformers(cfg, gpt2_dir, tmp_
     before = tf.AutoModelForCausalLM.from_pretrained(gpt2_dir).eval()
     assert np.max(np.abs(_hf_logits(before, x) - ours)) > 1e-2  # it was fine-tuned
     assert (out / "tokenizer.json").read_bytes() == (gpt2_dir / "tokenizer.json").read_bytes()
-    # export_hf as a function, elsewhere: the same weights
-    again = tf.AutoModelForCausalLM.from_pretrained(export_hf(tmp_path / "whole", tmp_path / "e"))
+    # export_hf_dir as a function, elsewhere: the same weights
+    written = export_hf_dir(tmp_path / "whole", tmp_path / "e")
+    again = tf.AutoModelForCausalLM.from_pretrained(written)
     np.testing.assert_array_equal(_hf_logits(again.eval(), x), _hf_logits(hf, x))
 
 
@@ -232,8 +233,8 @@ def test_a_directory_without_tokenizer_or_weights_is_named(gpt2_dir, tmp_path):
         ({"dt": 0.5}, "the model was trained with `model.dt`=0.5: each layer split into 2"),
     ],
 )
-def test_export_hf_refuses_a_run_it_cannot_write_back(gpt2_dir, tmp_path, model, said):
-    """`export_hf` says why a run's model has no Hugging Face class to be written into,
+def test_export_hf_dir_refuses_a_run_it_cannot_write_back(gpt2_dir, tmp_path, model, said):
+    """`export_hf_dir` says why a run's model has no Hugging Face class to be written into,
     naming the run's directory, before it reads the source model (the same decision that
     keeps a completed run from writing OUT/hf: `export_refusal`)."""
     from itde.train import _checkpoint as ckpt
@@ -248,7 +249,7 @@ def test_export_hf_refuses_a_run_it_cannot_write_back(gpt2_dir, tmp_path, model,
     ckpt.save(directory, 1, run.init_state(), run.meta())
     pattern = rf"^`directory`='.*run' holds a run that cannot be exported: {re.escape(said)}"
     with pytest.raises(ValueError, match=pattern):
-        export_hf(directory)
+        export_hf_dir(directory)
     assert not (directory / "hf").exists()
 
 

@@ -18,8 +18,10 @@
   filtered as Hugging Face's `generate` filters ([`warp_logits`][]: temperature, top-k,
   top-p), the text decoded whole ([`IncrementalDecoder`][]).
 - Fine-tuning a Hugging Face causal language model (`[model] init = "hf:DIR"`):
-  [`init_from_hf`][], [`token_model_from_lm`][], [`lm_from_token_model`][] and
-  [`export_hf`][] (the fine-tuned model written back as a Hugging Face directory).
+  [`init_from_hf_dir`][] (the initial model, from a Hugging Face model directory),
+  [`token_model_from_lm`][], [`lm_from_token_model`][] and [`export_hf_dir`][] (the
+  fine-tuned model written back as a Hugging Face model directory). `init_from_hf` and
+  `export_hf`, their names before, still work for one release and warn.
 """
 
 from .._sampling import IncrementalDecoder, warp_logits
@@ -44,8 +46,8 @@ from ._config import (
 )
 from ._continuity import DepthRegularisation, continuity_metrics, regularised_loss, transport_cost
 from ._evaluate import evaluate
-from ._export import export_hf
-from ._finetune import init_from_hf, lm_from_token_model, token_model_from_lm
+from ._export import export_hf_dir
+from ._finetune import init_from_hf_dir, lm_from_token_model, token_model_from_lm
 from ._load import load
 from ._loop import TrainResult, train
 from ._model import FieldModel, TokenModel, loss_fn, predict, with_depth
@@ -91,10 +93,10 @@ __all__ = [
     "build_model",
     "continuity_metrics",
     "evaluate",
-    "export_hf",
+    "export_hf_dir",
     "from_dict",
     "fsdp_spec",
-    "init_from_hf",
+    "init_from_hf_dir",
     "load",
     "load_checkpoint",
     "load_config",
@@ -121,3 +123,17 @@ __all__ = [
     "TrainResult",
     "with_depth",
 ]
+
+#: Names renamed, kept one release: old name -> new name (each warns on use).
+_RENAMED = {"export_hf": "export_hf_dir", "init_from_hf": "init_from_hf_dir"}
+
+
+def __getattr__(name: str):
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(f"itde.train.{name} is deprecated and goes in the next release; use "
+                  f"itde.train.{new}", DeprecationWarning, stacklevel=2)  # fmt: skip
+    return globals()[new]

@@ -189,12 +189,12 @@ class ModelConfig:
       is the converted model's: `n_layers`, `n_features`, `n_heads`, `n_hidden`,
       `activation`, `ffn_form`, `block`, `final_norm`, `tie_embeddings` and `eps` must be
       left out. With `scheme = "lie"` the model is the converted network itself (exported
-      back with `itde.train.export_hf`, and written to `OUT/hf` when the run completes at
+      back with `itde.train.export_hf_dir`, and written to `OUT/hf` when the run completes at
       `dt = 1`); with a continuous scheme its per-layer controls become
       `LegendreControls.from_layers(controls, n_modes)` (pre-norm and parallel models,
       whose norms act inside the operators; a post-norm model is refused). Task `textlm`
       only, with `[task] tokenizer` = the same `"hf:DIR"` (the directory's
-      `tokenizer.json`). See [`init_from_hf`][itde.train.init_from_hf].
+      `tokenizer.json`). See [`init_from_hf_dir`][itde.train.init_from_hf_dir].
     """
 
     n_layers: int | None = None

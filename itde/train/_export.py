@@ -1,4 +1,4 @@
-"""`export_hf`: the fine-tuned model of a run started from a Hugging Face directory,
+"""`export_hf_dir`: the fine-tuned model of a run started from a Hugging Face directory,
 written back as one (above `_load`, which `_finetune` must not import)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from .._io import check_output_location
 from ._finetune import export, export_refusal
 from ._load import load
 
-__all__ = ["export_hf"]
+__all__ = ["export_hf_dir"]
 
 
-def export_hf(directory, out=None) -> Path:
+def export_hf_dir(directory, out=None) -> Path:
     """Write the fine-tuned model of an `itde train` run whose config has
     `[model] init = "hf:DIR"` as a Hugging Face directory: `save_pretrained` of the source
     class ([`itde.to_hf`][itde.interop.to_hf]) plus the tokenizer files of `DIR`, so that

@@ -9,7 +9,7 @@ token (and learned position) embeddings become the [`TokenModel`][itde.train.Tok
 with the directory's own `tokenizer.json`, so the token ids are the model's.
 
 **Per layer** (`scheme = "lie"`, `dt = 1`) the model *is* the converted network: its step-0
-logits are Hugging Face's to float32 round-off, and [`export_hf`][itde.train.export_hf]
+logits are Hugging Face's to float32 round-off, and [`export_hf_dir`][itde.train.export_hf_dir]
 (run automatically into `OUT/hf` when such a run completes) writes the fine-tuned weights
 back into the source class with [`itde.to_hf`][itde.interop.to_hf], with the tokenizer
 files beside them, for `AutoModelForCausalLM.from_pretrained`.
@@ -24,8 +24,8 @@ distance from the network that the run's first evaluation shows. Only models who
 act inside the operators (pre-norm, parallel: GPT-2, Llama, Mistral, Qwen2, NeoX) are
 their own continuum form (`itde.continuum_form` returns them unchanged); a post-norm
 model's LayerNorm gains are not projections and would need its continuum form's extra
-fields, so it is refused. A smooth model has no layers to write back: `export_hf` refuses
-it.
+fields, so it is refused. A smooth model has no layers to write back: `export_hf_dir`
+refuses it.
 
 **Resuming.** The run's config records `init`, and its checkpoints the SHA-256 of the
 directory's `config.json`, weights and `tokenizer.json`: `--resume` refuses a directory
@@ -50,10 +50,9 @@ from ._model import TokenModel, check_depth
 __all__ = [
     "export",
     "export_refusal",
-    "init_from_hf",
+    "init_from_hf_dir",
     "lm_from_token_model",
     "token_model_from_lm",
-    "write_hf",
 ]
 
 #: Tokenizer files copied next to an exported model, where the source directory has them.
@@ -130,7 +129,7 @@ def token_model_from_lm(lm, m, *, vocab: int, context: int, name: str = "model.i
     )
 
 
-def init_from_hf(m, *, vocab: int, context: int, dtype=jnp.float32) -> TokenModel:
+def init_from_hf_dir(m, *, vocab: int, context: int, dtype=jnp.float32) -> TokenModel:
     """The initial [`TokenModel`][itde.train.TokenModel] of `[model] init = "hf:DIR"`: the
     Hugging Face model of `DIR` converted (float32, cast to `dtype`) and put in the form of
     the `[model]` table `m` ([`token_model_from_lm`][itde.train.token_model_from_lm])."""
@@ -145,7 +144,7 @@ def export_refusal(model, *, from_hf: bool = True) -> str | None:
     (`from_hf`: whether the run started from one, `[model] init`), or None if it can.
 
     The one decision: a completed run writes `OUT/hf` exactly when this is None, and
-    [`export_hf`][itde.train.export_hf] and
+    [`export_hf_dir`][itde.train.export_hf_dir] and
     [`lm_from_token_model`][itde.train.lm_from_token_model] raise what it says."""
     if not from_hf:
         return (
@@ -188,21 +187,16 @@ def lm_from_token_model(model: TokenModel, template):
     return dataclasses.replace(template, base=base, head=head, head_bias=model.readout_bias)
 
 
-def write_hf(lm, source: Path, out, name: str = "out") -> Path:
-    """`lm.to_hf().save_pretrained(out)` and the tokenizer files of `source` copied in;
-    `name`: what `out` is called in errors."""
-    out = check_output_dir(out, name)  # a file there: named, not a bare FileExistsError
-    lm.to_hf().save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, out / name)
-    return out
-
-
 def export(model: TokenModel, init: HFInit, out, *, name: str = "out") -> Path:
     """Write the trained `model` of a run started from `init` into `out` as a Hugging Face
     directory: the source class with `model`'s weights
-    ([`lm_from_token_model`][itde.train.lm_from_token_model], `to_hf`) and the tokenizer
-    files of `init`'s directory. The one writer of an export: a completed run's `OUT/hf`
-    and [`export_hf`][itde.train.export_hf]. `name`: what `out` is called in errors."""
-    return write_hf(lm_from_token_model(model, init.lm()), init.directory, out, name=name)
+    ([`lm_from_token_model`][itde.train.lm_from_token_model], `to_hf`, `save_pretrained`)
+    and the tokenizer files of `init`'s directory. The one writer of an export: a completed
+    run's `OUT/hf` and [`export_hf_dir`][itde.train.export_hf_dir]. `name`: what `out` is
+    called in errors, checked first (a file there: named, not a bare FileExistsError)."""
+    out = check_output_dir(out, name)
+    lm_from_token_model(model, init.lm()).to_hf().save_pretrained(out)
+    for file in TOKENIZER_FILES:
+        if (init.directory / file).is_file():
+            shutil.copyfile(init.directory / file, out / file)
+    return out

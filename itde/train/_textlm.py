@@ -192,9 +192,9 @@ class TextLM(AbstractTokenTask):
 
     def init_model(self, model_config, key, *, dtype=jnp.float32):
         if model_config.hf_init is not None:  # the converted model: `key` draws nothing
-            from ._finetune import init_from_hf
+            from ._finetune import init_from_hf_dir
 
-            return init_from_hf(
+            return init_from_hf_dir(
                 model_config, vocab=self.vocab, context=self.config.context, dtype=dtype
             )
         return super().init_model(model_config, key, dtype=dtype)
