@@ -137,6 +137,17 @@ def test_every_layer_in_a_window_equals_transformers():
     assert float(jnp.max(jnp.abs(full(ids) - lm(ids)))) > 1e-3  # the window matters
 
 
+def test_a_score_scaling_is_folded_into_the_queries_gain():
+    """A family whose score scaling is not head_dim ** -0.5 (Gemma 3's
+    query_pre_attn_scalar) folds the ratio into the queries' gain, not into W^Q, which the
+    projection would undo: Qwen3 with its attention's `scaling` set to 0.3 (eager attention
+    reads it) converts to the same logits."""
+    model = _build(seed=4, num_hidden_layers=1)
+    for layer in model.model.layers:
+        layer.self_attn.scaling = 0.3
+    _check(model, itde.from_hf(model), 13, [("none", 0), ("right", 4)])
+
+
 def test_layers_of_both_kinds_are_refused_by_name():
     model = _build(use_sliding_window=True, max_window_layers=1, sliding_window=4)
     with pytest.raises(ValueError, match=r"`config\.layer_types`.*Qwen3.*every layer"):
