@@ -100,6 +100,13 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         Dense,
         Fused,
     )
+    from ._operators._experts import (  # noqa: F401
+        ROUTERS,
+        AbstractRouting,
+        MixtureOfExperts,
+        RenormalisedTopK,
+        SoftmaxTopK,
+    )
     from ._operators._feedforward import (  # noqa: F401
         FeedForward,
         GatedFeedForward,
@@ -165,6 +172,7 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         FFN_FORMS,
         NORMS,
         QK_NORMS,
+        ROUTERS,
         SCHEMES,
         TERMS_KINDS,
         Scheme,
@@ -279,6 +287,11 @@ _EXPORTS = {
     "AbstractNorm": "._operators._abstract",
     "BLOCK_FORMS": "._registry",
     "GatedFeedForward": "._operators._feedforward",
+    "MixtureOfExperts": "._operators._experts",
+    "AbstractRouting": "._operators._experts",
+    "SoftmaxTopK": "._operators._experts",
+    "RenormalisedTopK": "._operators._experts",
+    "ROUTERS": "._registry",
     "RMSNormProjection": "._operators._rmsnorm",
     "Rope": "._operators._rope",
     "SlidingWindow": "._operators._window",

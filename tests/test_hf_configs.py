@@ -44,7 +44,7 @@ BASE = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBer
 # None: converts exactly; a pattern: the refusal's message. Every checkpoint listed converts.
 EXPECTED = {
     "all-minilm-l6-v2": None, "bert-base-uncased": None, "distilbert-base-uncased": None,
-    "distilgpt2": None, "gemma-2b": None, "gemma-2-2b": None, "olmo-2-0425-1b": None, "gpt2": None, "llama-3.2-1b": None,
+    "distilgpt2": None, "gemma-2b": None, "gemma-2-2b": None, "gemma-3-270m": None, "olmo-2-0425-1b": None, "gpt2": None, "llama-3.2-1b": None,
     "mistral-7b-v0.1": None, "pythia-70m": None, "qwen2.5-0.5b": None, "qwen3-0.6b": None,
     "phi-3-mini-4k-instruct": None,
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
@@ -80,6 +80,9 @@ def _shrunk(raw: dict) -> dict:
     if kv is not None:  # multi-query stays multi-query, grouped stays grouped
         heads = next(raw[k] for k in HEADS if k in raw)
         d["num_key_value_heads"] = 1 if kv == 1 else 4 if kv == heads else 2
+    kinds = raw.get("layer_types")
+    if isinstance(kinds, list) and "num_hidden_layers" in d:  # Gemma 3's: the last layers,
+        d["layer_types"] = kinds[-d["num_hidden_layers"] :]  # which end on a full one
     return d
 
 

@@ -16,6 +16,7 @@ from ._hf_export import to_hf
 from ._hf_family import AbstractHFFamily
 from ._hf_gemma import GemmaFamily
 from ._hf_gemma2 import Gemma2Family
+from ._hf_gemma3 import Gemma3TextFamily
 from ._hf_olmo2 import Olmo2Family
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
@@ -55,6 +56,9 @@ for _family in (
                    logit_cap=True),
     Olmo2Family(),
     CausalLMFamily("Olmo2ForCausalLM", Olmo2Family(), base="model", head="lm_head"),
+    Gemma3TextFamily(),
+    CausalLMFamily("Gemma3ForCausalLM", Gemma3TextFamily(), base="model", head="lm_head",
+                   logit_cap=True),
     CausalLMFamily("GPTNeoXForCausalLM", GPTNeoXFamily(), base="gpt_neox", head="lm_head"),
 ):  # fmt: skip
     for _name in _family.classes:

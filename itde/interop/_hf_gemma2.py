@@ -178,70 +178,90 @@ class Gemma2Family(AbstractHFFamily):
         check_score_caps(config)
 
     def convert(self, model, name):
-        config = model.config
-        act = g.activation("hidden_activation", config.hidden_activation)
-        h = config.num_attention_heads
-        hkv = config.num_key_value_heads or h
-        head_dim = model.layers[0].self_attn.head_dim
-        rope = check_rotary(model, name, head_dim)
-        cap = score_cap(config)
-        windows = windows_or_none(config)
-        blocks = []
-        for n, layer in enumerate(model.layers):
-            at, mlp = layer.self_attn, layer.mlp
-            att = g.attention(at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv,
-                              q_scale(at, head_dim))  # fmt: skip
-            blocks.append(
-                Block(
-                    dataclasses.replace(att, score_cap=cap),
-                    g.rms_norm(layer.input_layernorm, 1.0),
-                    g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
-                    g.rms_norm(layer.pre_feedforward_layernorm, 1.0),
-                    out_norm1=g.rms_norm(layer.post_attention_layernorm, 1.0),
-                    out_norm2=g.rms_norm(layer.post_feedforward_layernorm, 1.0),
-                    window=None if windows is None else windows[n],
-                )
-            )
-        return HFTransformer(
-            word_embeddings=g.a(model.embed_tokens.weight),
-            position_embeddings=None,
-            token_type_embeddings=None,
-            embedding_norm=None,
-            equation=g.equation(
-                blocks,
-                causal=True,
-                block=SandwichNorm(),
-                final_norm=g.rms_norm(model.norm, 1.0),
-                rope=rope,
-            ),  # fmt: skip
-            positions=NoPositions(),
-            source=name,
-            family=self,
-            config=config_json(config),
-            embedding_scale=embedding_scale(model),
-        )
+        return convert_gemma(self, model, name, rope=check_rotary(model, name, _head_dim(model)))
 
     def write(self, m, model):
-        config = model.config
-        check_layer_controls(m, config, score_cap(config))
-        if not isinstance(m.equation.block, SandwichNorm):
-            raise ValueError(
-                f"`to_hf`: the model's block is {m.equation.block!r}, not Gemma 2's SandwichNorm()."
-            )
-        write_embedding(m, model)
-        g.put_rms_norm(m.equation.final_norm, model.norm, 1.0)
+        write_gemma(m, model)
         g.check_rope(m.equation.rope, model.rotary_emb)
-        for block, layer in zip(g.layers(m), model.layers, strict=True):
-            at, mlp = layer.self_attn, layer.mlp
-            scale = q_scale(at, at.head_dim)
-            g.put_attention(block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale)
-            g.put_rms_norm(block.norm1, layer.input_layernorm, 1.0)
-            g.put_rms_norm(block.out_norm1, layer.post_attention_layernorm, 1.0)
-            g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            g.put_rms_norm(block.norm2, layer.pre_feedforward_layernorm, 1.0)
-            g.put_rms_norm(block.out_norm2, layer.post_feedforward_layernorm, 1.0)
 
     def float64_patches(self):
         from transformers.models.gemma2 import modeling_gemma2
 
         return float64_patches(modeling_gemma2, "Gemma2", gain_offset=1.0)
+
+
+def _head_dim(model) -> int:
+    return model.layers[0].self_attn.head_dim
+
+
+def convert_gemma(family, model, name, *, rope=None, layer_ropes=None, qk_norm=None):
+    """The equation of a Gemma 2 or Gemma 3 text model: the sandwich block, the score
+    cap, the per-layer windows, the scaled embeddings; `rope` (one for every layer) or
+    `layer_ropes` (one `Rope` per layer); `qk_norm`: the query/key norm class of
+    `self_attn.q_norm`/`k_norm` (gain $1 + w$), or None."""
+    config = model.config
+    act = g.activation("hidden_activation", config.hidden_activation)
+    h = config.num_attention_heads
+    hkv = config.num_key_value_heads or h
+    head_dim = _head_dim(model)
+    cap = score_cap(config)
+    windows = windows_or_none(config)
+    blocks = []
+    for n, layer in enumerate(model.layers):
+        at, mlp = layer.self_attn, layer.mlp
+        qk = None if qk_norm is None else g.qk_norm(qk_norm, at.q_norm, at.k_norm, 1.0)
+        att = g.attention(at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv,
+                          q_scale(at, head_dim), qk)  # fmt: skip
+        blocks.append(
+            Block(
+                dataclasses.replace(att, score_cap=cap),
+                g.rms_norm(layer.input_layernorm, 1.0),
+                g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
+                g.rms_norm(layer.pre_feedforward_layernorm, 1.0),
+                out_norm1=g.rms_norm(layer.post_attention_layernorm, 1.0),
+                out_norm2=g.rms_norm(layer.post_feedforward_layernorm, 1.0),
+                window=None if windows is None else windows[n],
+                rope=None if layer_ropes is None else layer_ropes[n],
+            )
+        )
+    return HFTransformer(
+        word_embeddings=g.a(model.embed_tokens.weight),
+        position_embeddings=None,
+        token_type_embeddings=None,
+        embedding_norm=None,
+        equation=g.equation(
+            blocks, causal=True, block=SandwichNorm(),
+            final_norm=g.rms_norm(model.norm, 1.0), rope=rope,
+        ),  # fmt: skip
+        positions=NoPositions(),
+        source=name,
+        family=family,
+        config=config_json(config),
+        embedding_scale=embedding_scale(model),
+    )
+
+
+def write_gemma(m, model) -> None:
+    """Write a converted Gemma 2 or Gemma 3 text model into `model` (the inverse of
+    `convert_gemma`; the query/key norms where the module has them; RoPE is checked by the
+    caller)."""
+    config = model.config
+    check_layer_controls(m, config, score_cap(config))
+    if not isinstance(m.equation.block, SandwichNorm):
+        raise ValueError(
+            f"`to_hf`: the model's block is {m.equation.block!r}, not Gemma's "
+            "SandwichNorm() (a norm before and after each sublayer)."
+        )
+    write_embedding(m, model)
+    g.put_rms_norm(m.equation.final_norm, model.norm, 1.0)
+    for block, layer in zip(g.layers(m), model.layers, strict=True):
+        at, mlp = layer.self_attn, layer.mlp
+        scale = q_scale(at, at.head_dim)
+        qk = (at.q_norm, at.k_norm) if hasattr(at, "q_norm") else None
+        g.put_attention(block.attention, at.q_proj, at.k_proj, at.v_proj, at.o_proj, scale,
+                        qk, 1.0)  # fmt: skip
+        g.put_rms_norm(block.norm1, layer.input_layernorm, 1.0)
+        g.put_rms_norm(block.out_norm1, layer.post_attention_layernorm, 1.0)
+        g.put_gated_feedforward(block.feedforward, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        g.put_rms_norm(block.norm2, layer.pre_feedforward_layernorm, 1.0)
+        g.put_rms_norm(block.out_norm2, layer.post_feedforward_layernorm, 1.0)

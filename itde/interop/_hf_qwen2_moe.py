@@ -36,15 +36,11 @@ QWEN2_MOE_FIELDS = QWEN2_FIELDS | frozenset({
 })  # fmt: skip
 
 
-def sparse_layers(config) -> list[bool]:
-    """Which layers `transformers` builds as a sparse mixture (`Qwen2MoeDecoderLayer`'s
-    rule), per layer."""
-    only = set(config.mlp_only_layers or ())
-    step = config.decoder_sparse_step
-    return [
-        i not in only and config.num_experts > 0 and (i + 1) % step == 0
-        for i in range(config.num_hidden_layers)
-    ]
+def _sparse(layer) -> bool:
+    """Whether `transformers` built this decoder layer's `mlp` as a sparse mixture (it has
+    `experts`), as `Qwen2MoeDecoderLayer` decides from `mlp_only_layers` and
+    `decoder_sparse_step`."""
+    return hasattr(layer.mlp, "experts")
 
 
 class Qwen2MoeFamily(AbstractLlamaLike):
@@ -63,7 +59,7 @@ class Qwen2MoeFamily(AbstractLlamaLike):
         config = model.config
         causal_checks(config)
         check_layer_types(config, "Qwen2-MoE")
-        sparse = sparse_layers(config)
+        sparse = [_sparse(layer) for layer in model.layers]
         if any(sparse) and not all(sparse):
             dense = [i for i, s in enumerate(sparse) if not s]
             raise ValueError(
@@ -85,7 +81,7 @@ class Qwen2MoeFamily(AbstractLlamaLike):
 
         def feedforward(layer, act):
             mlp = layer.mlp
-            if hasattr(mlp, "experts"):
+            if _sparse(layer):
                 return moe.mixture(mlp, act, k, renormalise=norm)
             return g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
 
@@ -96,7 +92,7 @@ class Qwen2MoeFamily(AbstractLlamaLike):
     def write(self, m, model):
         def put(ff, layer):
             mlp = layer.mlp
-            if hasattr(mlp, "experts"):
+            if _sparse(layer):
                 moe.put_mixture(ff, mlp)
             else:
                 g.put_gated_feedforward(ff, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
