@@ -33,6 +33,8 @@ SHRINK = {
     "intermediate_size": 24, "n_inner": 24, "hidden_dim": 24, "d_ff": 24,
     "num_hidden_layers": 2, "n_layer": 2, "n_layers": 2, "num_layers": 2,
     "head_dim": 8, "d_kv": 8, "vocab_size": 64,
+    # mixtures of experts: the experts' widths and (Qwen2-MoE's 60) their number
+    "moe_intermediate_size": 12, "shared_expert_intermediate_size": 24, "num_experts": 8,
 }  # fmt: skip
 HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 
@@ -49,6 +51,7 @@ EXPECTED = {
     "phi-3-mini-4k-instruct": None,
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
     "smollm2-360m": None, "t5-small": None, "vit-base-patch16-224-in21k": None,
+    "mixtral-8x7b-v0.1": None, "qwen1.5-moe-a2.7b": None,
 }  # fmt: skip
 
 # Fields of these files that no transformers code defines or reads: the metadata the
@@ -90,6 +93,7 @@ def _model(name: str):
     raw = json.loads((FIXTURES / f"{name}.json").read_text())
     config = tf.AutoConfig.for_model(**_shrunk(raw))
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # transformers' default computes in float32
     arch = (raw.get("architectures") or [None])[0]
     cls = getattr(tf, arch if arch in itde.interop.HF_FAMILIES else BASE[raw["model_type"]])
     torch.manual_seed(0)

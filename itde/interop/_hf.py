@@ -24,10 +24,12 @@ from ._hf_llama import LlamaFamily
 from ._hf_lm import CausalLMFamily
 from ._hf_missing import unsupported_class_message
 from ._hf_mistral import MistralFamily
+from ._hf_mixtral import MixtralFamily
 from ._hf_model import HFTransformer
 from ._hf_neox import GPTNeoXFamily
 from ._hf_phi3 import Phi3Family
 from ._hf_qwen2 import Qwen2Family
+from ._hf_qwen2_moe import Qwen2MoeFamily
 from ._hf_qwen3 import Qwen3Family
 from ._hf_t5 import T5EncoderFamily
 from ._hf_vit import ViTFamily
@@ -42,11 +44,13 @@ HF_FAMILIES: dict[str, AbstractHFFamily] = {}
 for _family in (
     BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), Qwen2Family(),
     MistralFamily(), GemmaFamily(), GPTNeoXFamily(), T5EncoderFamily(), ViTFamily(),
-    Qwen3Family(), Phi3Family(),
+    Qwen3Family(), Phi3Family(), MixtralFamily(), Qwen2MoeFamily(),
     # causal language models: the head class, its base family, the base and head attributes
     CausalLMFamily("GPT2LMHeadModel", GPT2Family(), base="transformer", head="lm_head"),
     CausalLMFamily("LlamaForCausalLM", LlamaFamily(), base="model", head="lm_head"),
     CausalLMFamily("MistralForCausalLM", MistralFamily(), base="model", head="lm_head"),
+    CausalLMFamily("MixtralForCausalLM", MixtralFamily(), base="model", head="lm_head"),
+    CausalLMFamily("Qwen2MoeForCausalLM", Qwen2MoeFamily(), base="model", head="lm_head"),
     CausalLMFamily("Qwen2ForCausalLM", Qwen2Family(), base="model", head="lm_head"),
     CausalLMFamily("Qwen3ForCausalLM", Qwen3Family(), base="model", head="lm_head"),
     CausalLMFamily("Phi3ForCausalLM", Phi3Family(), base="model", head="lm_head"),
