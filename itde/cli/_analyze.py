@@ -116,12 +116,12 @@ def cmd_analyze(args) -> int:
     scheme = network[0] if args.scheme is None else args.scheme
     dt = network[1] if args.dt is None else args.dt
     if dt is None:  # one step per layer, or per depth interval
-        from ..analysis._report import report_depths
+        from ..analysis import report_depths
 
         ts = report_depths(model, args.depths)
         dt = float(ts[1] - ts[0])
     fixed = _solver(model, scheme, dt, "--dt")
-    from ..analysis._report import analyze, plot_report
+    from ..analysis import analyze, plot_report
 
     report = analyze(model, u0, mask, depths=args.depths, tol=args.tol,
                      lyapunov=not args.no_lyapunov, token_exponent=exponent,

@@ -8,9 +8,8 @@ from ._solve_config import SolveExperiment
 def _build_solve(cfg: SolveExperiment):
     import jax
 
+    from .. import RULES, Grid, TransformerIDE
     from .._blocks import block_from_names
-    from .._equation import TransformerIDE
-    from .._quadrature._rules import RULES, Grid
 
     g = cfg.grid
     grid = Grid(

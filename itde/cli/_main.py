@@ -34,9 +34,9 @@ def cmd_solve(args) -> int:
 
     from itde_solvers import LieTrotter
 
+    from .. import solve
     from .._operators._layernorm import feature_mean
     from .._plot import plot_trajectory
-    from .._solve import solve
 
     cfg, source = _config.experiment(SolveExperiment, args.config, args.set)
     if args.dt is not None:  # the flag overrides [solve] dt, checked as the config checks it
@@ -122,8 +122,7 @@ def cmd_converge(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ..studies._depth import format_table, run_depth_study, write_outputs
-    from ..studies._grid import run_grid_study
+    from ..studies import format_table, run_depth_study, run_grid_study, write_outputs
 
     cfg, source = _config.experiment(ConvergeExperiment, args.config, args.set)
     if args.axis:

@@ -123,7 +123,7 @@ def cmd_model_study(args) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from ..studies._model import format_model_study, model_depth_study, write_model_study
+    from ..studies import format_model_study, model_depth_study, write_model_study
 
     if args.inputs is None:
         args.inputs = FULL_INPUTS if args.full else DEFAULT_INPUTS

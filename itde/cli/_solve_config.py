@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .._config import ConfigError, choices, positive, seed
+from .. import ConfigError
+from .._config import choices, positive, seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,7 @@ class RandomModelConfig:
     # by `itde solve` is about eps (LayerNorm lands inside the sphere by var/(var+eps)).
 
     def __post_init__(self):
-        from .._registry import ACTIVATIONS, FFN_FORMS
+        from .. import ACTIVATIONS, FFN_FORMS
 
         for name in ("n_layers", "n_features", "n_heads", "n_hidden"):
             positive(f"model.{name}", getattr(self, name))
@@ -55,7 +56,7 @@ class GridConfig:
     feature_interval: tuple[float, ...] | None = None
 
     def __post_init__(self):
-        from .._quadrature._rules import RULES
+        from .. import RULES
 
         for name in ("tokens", "features"):
             if getattr(self, name) not in RULES:
@@ -96,7 +97,7 @@ class SolveExperiment:
     solve: SolveConfig = dataclasses.field(default_factory=SolveConfig)
 
     def __post_init__(self):
-        from .._quadrature._rules import RULES
+        from .. import RULES
 
         for count, n, axis, interval in (
             ("solve.n_tokens", self.solve.n_tokens, "tokens", self.grid.token_interval),

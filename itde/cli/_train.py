@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .._config import ConfigError
+from .. import ConfigError
 from ._help import DeprecatedAlias, Names, add_set_option, writes
 
 
@@ -112,7 +112,7 @@ def _stage(args, what: str):
 def cmd_eval(args) -> int:
     import warnings
 
-    from .._solve import DepthStepWarning
+    from .. import DepthStepWarning
     from ..train import evaluate, with_depth
 
     if args.size is not None and args.size < 1:
