@@ -118,7 +118,7 @@ def _adaptive(model, x, solver, rtol, atol, terms=None):
         # itde.solve clips the steps onto the layer boundaries (ClipStepSizeController with
         # jump_ts in the solve's time dtype)
         pid = diffrax.PIDController(rtol=rtol, atol=atol)
-        sol = itde.solve(model.ide, u, solver=solver, dt0=1.0, terms=terms, throw=False,
+        sol = itde.solve(model.equation, u, solver=solver, dt0=1.0, terms=terms, throw=False,
                          stepsize_controller=pid)  # fmt: skip
         st = sol.stats
         return (sol.ys[-1], st["num_steps"], st["num_accepted_steps"],
@@ -133,7 +133,7 @@ def adaptive_val(model, chunks, solver, tol: float, terms=None) -> dict:
     steps and field evaluations per input."""
     if not (isinstance(tol, float | int) and 0 < tol < 1):
         raise ValueError(f"`tol`={tol!r} must be a tolerance in (0, 1), e.g. 1e-2")
-    L = model.ide.controls.n_layers
+    L = model.equation.controls.n_layers
     total, count, steps, acc, rej, failed = 0.0, 0, [], [], [], 0
     for x, y in chunks:
         r = jnp.asarray(tol, jnp.float32)
@@ -160,7 +160,7 @@ def rk_fixed_val(model, chunks, solver) -> float:
     @eqx.filter_jit
     def logits(model, x):
         u0 = model.initial_state(x)
-        u = jax.vmap(lambda v: itde.solve(model.ide, v, solver=solver, dt0=1.0).ys[-1])(u0)
+        u = jax.vmap(lambda v: itde.solve(model.equation, v, solver=solver, dt0=1.0).ys[-1])(u0)
         return model.head(u)
 
     return sum(_nats(np.asarray(logits(model, jnp.asarray(x))), y) * len(x)
@@ -169,7 +169,7 @@ def rk_fixed_val(model, chunks, solver) -> float:
 
 def fixed_vals(model, chunks) -> dict[str, float]:
     """Lie at each of `DTS` the depth allows: loss by step."""
-    L = model.ide.controls.n_layers
+    L = model.equation.controls.n_layers
     return {str(dt): itde_val(model if dt == 1.0 else at_dt(model, dt), chunks)
             for dt in DTS if dt < 1 or L % round(dt) == 0}  # fmt: skip
 

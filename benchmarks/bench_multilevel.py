@@ -107,7 +107,7 @@ class Method:
 
     def __init__(self, name, spec, init, s, windows):
         self.name, self.spec = name, spec
-        L = init.ide.controls.n_layers
+        L = init.equation.controls.n_layers
         self.steps = round(s["steps"] * spec.get("steps", 1.0))
         self.ok = all(L % r == 0 for r, _ in spec["phases"])
         dts = [float(r) for r, _ in spec["phases"]]

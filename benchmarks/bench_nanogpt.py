@@ -211,7 +211,7 @@ class ItdeGPT(eqx.Module):
 
     embedding: Float[Array, "vocab width"] = kernel()
     position: Float[Array, "context width"] = kernel()
-    ide: itde.TransformerIDE
+    equation: itde.TransformerIDE
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
 
@@ -223,11 +223,11 @@ class ItdeGPT(eqx.Module):
         return self.embedding[tokens] + self.position[: tokens.shape[-1]]
 
     def head(self, u: Float[Array, "batch n width"]) -> Float[Array, "batch n vocab"]:
-        return _output(self.ide, u) @ self.embedding.T
+        return _output(self.equation, u) @ self.embedding.T
 
     def batched(self, tokens: Int[Array, "batch n"]) -> Float[Array, "batch n vocab"]:
         u0 = self.initial_state(tokens)
-        return self.head(integrate(self.ide, u0, self.scheme, self.dt, batched=True))
+        return self.head(integrate(self.equation, u0, self.scheme, self.dt, batched=True))
 
 
 def itde_from_gpt(net: GPT) -> ItdeGPT:
@@ -257,7 +257,7 @@ def itde_from_gpt(net: GPT) -> ItdeGPT:
     return ItdeGPT(
         embedding=jnp.asarray(net.wte.weight.detach().numpy()),
         position=jnp.asarray(net.wpe.weight.detach().numpy()),
-        ide=itde.from_torch(encoder, causal=True),
+        equation=itde.from_torch(encoder, causal=True),
     )
 
 
@@ -315,9 +315,9 @@ VARIANTS = {
 def smooth(model: ItdeGPT, scheme: str, dt: float) -> ItdeGPT:
     """`model` with its per-layer controls interpolated by Legendre series in depth (one
     mode per layer), to be solved by `scheme` at step `dt`."""
-    ide = model.ide
+    ide = model.equation
     controls = itde.LegendreControls.from_layers(ide.controls, block=ide.block)
-    return dataclasses.replace(model, ide=dataclasses.replace(ide, controls=controls),
+    return dataclasses.replace(model, equation=dataclasses.replace(ide, controls=controls),
                                scheme=scheme, dt=float(dt))  # fmt: skip
 
 

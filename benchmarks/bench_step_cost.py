@@ -105,7 +105,7 @@ class Net(eqx.Module):
 
     embedding: jax.Array
     position: jax.Array
-    ide: itde.TransformerIDE
+    equation: itde.TransformerIDE
     solver: object
     terms: str = eqx.field(static=True)
     before: bool = eqx.field(static=True, default=False)
@@ -116,27 +116,27 @@ class Net(eqx.Module):
         if self.before:  # the solve as it was: no stage dropped for fixed steps
             keep, _solve._for_fixed_steps = _solve._for_fixed_steps, lambda s: s
             try:
-                u = itde.solve(self.ide, u0, **kw).ys[-1]
+                u = itde.solve(self.equation, u0, **kw).ys[-1]
             finally:
                 _solve._for_fixed_steps = keep
         else:
-            u = itde.solve(self.ide, u0, **kw).ys[-1]
-        return _output(self.ide, u) @ self.embedding.T
+            u = itde.solve(self.equation, u0, **kw).ys[-1]
+        return _output(self.equation, u) @ self.embedding.T
 
 
 def build(s: dict, seed: int = 0):
     torch.manual_seed(seed)
     net = GPT(s["vocab"], s["context"], s["width"], s["n_layers"], s["n_heads"])
     m = itde_from_gpt(net)
-    smooth = itde.LegendreControls.from_layers(m.ide.controls, block=m.ide.block)
-    return m, dataclasses.replace(m.ide, controls=smooth)
+    smooth = itde.LegendreControls.from_layers(m.equation.controls, block=m.equation.block)
+    return m, dataclasses.replace(m.equation, controls=smooth)
 
 
 def rows(s: dict, schemes) -> dict[str, tuple[Net, tuple[int, int]]]:
     """name -> (model, (A, F) evaluations per step)."""
     m, smooth_ide = build(s)
     cnt = counts(s)
-    discrete = Net(m.embedding, m.position, m.ide, solvers.LieTrotter(), "paper")
+    discrete = Net(m.embedding, m.position, m.equation, solvers.LieTrotter(), "paper")
     out = {"discrete GPT (lie, per-layer)": (discrete, (1, 1))}
     for name in schemes:
         sch = SCHEMES[name]
@@ -217,7 +217,7 @@ def main(argv=None) -> dict:
         print(f"{n:<34}{f'{c[0]},{c[1]}':>6}{count:>7.2f}{ratio['train']:>8.2f}"
               f"{ratio['forward']:>8.2f}{row['train_overhead']:>8.2f}"
               f"{row['forward_overhead']:>8.2f}{row['train_ms']:>9.1f}")  # fmt: skip
-    ms = measured_shares(table[base][0].ide, s, calls=3 if a.tiny else 30)
+    ms = measured_shares(table[base][0].equation, s, calls=3 if a.tiny else 30)
     result["measured_shares"] = ms
     print(f"attention's measured share of A + F: forward {ms['forward']:.3f}, training "
           f"{ms['train']:.3f} (FLOPs: {fa:.3f}); Strang's count with them: forward "

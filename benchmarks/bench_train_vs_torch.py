@@ -49,7 +49,7 @@ class TorchCharLM(torch.nn.Module):
         super().__init__()
         self.embedding = torch.nn.Parameter(torch.tensor(np.asarray(model.embedding)))
         self.position = torch.nn.Parameter(torch.tensor(np.asarray(model.position)))
-        self.encoder = itde.to_torch(model.ide).train()
+        self.encoder = itde.to_torch(model.equation).train()
         self.readout = torch.nn.Linear(*model.readout.shape)
         with torch.no_grad():
             self.readout.weight.copy_(torch.tensor(np.asarray(model.readout).T))

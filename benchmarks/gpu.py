@@ -89,7 +89,7 @@ def make_model(key, s: dict) -> TokenModel:
     return TokenModel(
         embedding=jax.random.normal(k_e, (s["vocab"], d)),
         position=jax.random.normal(k_p, (s["context"], d)),
-        ide=ide,
+        equation=ide,
         readout=jax.random.uniform(k_r, (d, s["vocab"]), minval=-1, maxval=1) / math.sqrt(d),
         readout_bias=jnp.zeros((s["vocab"],)),
     )
@@ -102,8 +102,8 @@ def with_impl(model: TokenModel, impl: str, block_size: int) -> TokenModel:
         core = itde.Fused(implementation="cudnn")
     else:
         core = itde.ATTENTION_CORES[impl]()
-    ide = dataclasses.replace(model.ide, attention_core=core)
-    return eqx.tree_at(lambda m: m.ide, model, ide)
+    ide = dataclasses.replace(model.equation, attention_core=core)
+    return eqx.tree_at(lambda m: m.equation, model, ide)
 
 
 def loss_fn(model: TokenModel, x, y, dtype):
@@ -134,7 +134,7 @@ class TorchCharLM:
         t = lambda a: torch.tensor(np.asarray(a), device=device, requires_grad=True)  # noqa: E731
         self.embedding, self.position = t(model.embedding), t(model.position)
         self.readout, self.readout_bias = t(model.readout), t(model.readout_bias)
-        self.encoder = itde.to_torch(model.ide).to(device).train()
+        self.encoder = itde.to_torch(model.equation).to(device).train()
         n = model.position.shape[0]
         self.mask = torch.nn.Transformer.generate_square_subsequent_mask(n, device=device)
         # the whole loss (embedding, encoder, readout, cross-entropy) as one compiled graph;

@@ -223,7 +223,7 @@ def main(argv=None) -> dict:
     x, _ = run.task.eval_batch(jax.random.key(7), n_win)
     u0 = jax.vmap(model.initial_state)(jnp.asarray(x))
     scheme = itde.SCHEMES[model.scheme]
-    flow = FlowMap(model.ide, solver=scheme.make(), terms=scheme.terms, dt0=model.dt)
+    flow = FlowMap(model.equation, solver=scheme.make(), terms=scheme.terms, dt0=model.dt)
     lm = token_exponents(flow, u0, np.ones(x.shape, bool), -1)
     sents = sentences(tiny)
     enc = tok(sents, padding=True, return_tensors="np")

@@ -35,8 +35,8 @@ def small(bd):
     torch.manual_seed(0)
     model = itde_from_gpt(GPT(11, 8, 16, 2, 2))
     big = jax.tree.map(lambda x: 5 * x if eqx.is_inexact_array(x) and x.ndim >= 2 else x,
-                       model.ide)  # fmt: skip
-    model = eqx.tree_at(lambda m: m.ide, model, big)
+                       model.equation)  # fmt: skip
+    model = eqx.tree_at(lambda m: m.equation, model, big)
     w = np.random.default_rng(0).integers(0, 11, (3, 9)).astype(np.int32)
     return model, [(w[i : i + 1, :-1], w[i : i + 1, 1:]) for i in range(3)]
 
@@ -46,7 +46,7 @@ def _counted(model):
     import itde_solvers
 
     n = [0]
-    (field, *rest) = model.ide.terms("tangent").terms
+    (field, *rest) = model.equation.terms("tangent").terms
 
     def f(t, y, args):
         jax.debug.callback(lambda: n.__setitem__(0, n[0] + 1))

@@ -173,15 +173,15 @@ def test_nanogpt_continuous_variants_start_from_the_same_network():
     x = jnp.asarray(np.random.default_rng(0).integers(0, 11, (2, 8)))
     want = np.asarray(b.itde_logits(init, x))
     lie = b.smooth(init, "lie", 1.0)
-    assert isinstance(lie.ide.controls, itde.LegendreControls)
-    assert lie.ide.controls.n_modes == 3
+    assert isinstance(lie.equation.controls, itde.LegendreControls)
+    assert lie.equation.controls.n_modes == 3
     np.testing.assert_allclose(np.asarray(b.itde_logits(lie, x)), want, atol=2e-5)
     assert b.n_trained(lie) == b.n_trained(init)
     # 3 layers of 16 wide: 4 * 16^2 + 2 * 16 * 64 weights, 9 * 16 biases and 4 * 16
     # LayerNorm gains/shifts each; embeddings 11 x 16 and 8 x 16; final LayerNorm
     assert b.n_trained(init) == 3 * (4 * 256 + 2 * 16 * 64 + 9 * 16 + 4 * 16) + 19 * 16 + 32
     rk4 = b.smooth(init, "rk4", 1.0)
-    assert (rk4.scheme, rk4.dt) == ("rk4", 1.0) and eqx.tree_equal(rk4.ide, lie.ide)
+    assert (rk4.scheme, rk4.dt) == ("rk4", 1.0) and eqx.tree_equal(rk4.equation, lie.equation)
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ def state(full_run):
 
 
 def _values(model):
-    return [np.asarray(a) for a in jax.tree.leaves(model.ide.controls.values)]
+    return [np.asarray(a) for a in jax.tree.leaves(model.equation.controls.values)]
 
 
 # ----------------------------------------------------------------------- layer maps
@@ -83,8 +83,8 @@ def _values(model):
 def test_restriction_picks_every_other_layer(state, name, ref):
     _, model, _ = state
     coarse = Transfer(restriction=RESTRICTIONS[name]).model(model, 2.0)
-    assert coarse.dt == 2.0 and coarse.ide.controls.layer_length == 2.0
-    assert coarse.ide.controls.n_layers == 2
+    assert coarse.dt == 2.0 and coarse.equation.controls.layer_length == 2.0
+    assert coarse.equation.controls.n_layers == 2
     for a, c in zip(_values(model), _values(coarse), strict=True):
         np.testing.assert_allclose(c, ref(a), rtol=1e-6, atol=0)
     # what is not a control is untouched
@@ -96,7 +96,7 @@ def test_prolongations_against_numpy(state):
     coarse = Transfer().model(model, 2.0)
     copy = Transfer(prolongation=PROLONGATIONS["copy"]).model(coarse, 1.0)
     linear = Transfer(prolongation=PROLONGATIONS["linear"]).model(coarse, 1.0)
-    assert copy.ide.controls.layer_length == 1.0 and copy.dt == 1.0
+    assert copy.equation.controls.layer_length == 1.0 and copy.dt == 1.0
     for c, p, q in zip(_values(coarse), _values(copy), _values(linear), strict=True):
         np.testing.assert_array_equal(p, np.repeat(c, 2, axis=0))
         # coarse midpoints 1, 3; fine midpoints 0.5, 1.5, 2.5, 3.5 (layer units)
@@ -108,10 +108,11 @@ def test_coarse_network_is_the_constructed_one(state):
     """The restricted model computes what a model built by `PiecewiseConstant(...)` from
     the even layers, two layers long, run at dt = 2, computes."""
     run, model, _ = state
-    pc = model.ide.controls
+    pc = model.equation.controls
     even = jax.tree.map(lambda a: a[0::2], pc.values)
     built = PiecewiseConstant(even, t0=pc.t0, layer_length=2.0)
-    ref = dataclasses.replace(model, ide=dataclasses.replace(model.ide, controls=built), dt=2.0)
+    equation = dataclasses.replace(model.equation, controls=built)
+    ref = dataclasses.replace(model, equation=equation, dt=2.0)
     x = run.batch(0)[0]
     logits = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))
     got = logits(coarsen(model, 2.0), x)
@@ -131,8 +132,8 @@ def test_coarsen_refuses_a_step_that_skips_part_of_a_layer_group(state):
 def _moments(opt_state):
     """Adam's mu and nu trees in the optimiser state (model-shaped)."""
     found = []
-    jax.tree.map(lambda x: found.append(x) if hasattr(x, "ide") else None, opt_state,
-                 is_leaf=lambda x: hasattr(x, "ide"))  # fmt: skip
+    jax.tree.map(lambda x: found.append(x) if hasattr(x, "equation") else None, opt_state,
+                 is_leaf=lambda x: hasattr(x, "equation"))  # fmt: skip
     return found
 
 
@@ -232,7 +233,7 @@ def test_metrics_record_level_dt_depth_steps_and_cost(full_run):
     assert [r["dt"] for r in rows] == [2.0] * 3 + [1.0] * 3
     assert [r["depth_steps"] for r in rows] == [2] * 3 + [4] * 3
     assert all(r["step_s"] > 0 for r in rows)
-    assert result.model.ide.controls.n_layers == 4 and result.model.dt == 1.0
+    assert result.model.equation.controls.n_layers == 4 and result.model.dt == 1.0
 
 
 @pytest.mark.parametrize(
@@ -259,9 +260,10 @@ def test_eval_at_a_coarser_step(full_run, capsys):
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["dt"] == 2.0
     model = result.model
-    pc = model.ide.controls
+    pc = model.equation.controls
     built = PiecewiseConstant(jax.tree.map(lambda a: a[0::2], pc.values), layer_length=2.0)
-    ref = dataclasses.replace(model, ide=dataclasses.replace(model.ide, controls=built), dt=2.0)
+    equation = dataclasses.replace(model.equation, controls=built)
+    ref = dataclasses.replace(model, equation=equation, dt=2.0)
     run = Run(_cfg())
     want = evaluate(ref, run.eval_chunks(), run.task)
     assert want and all(row[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())

@@ -163,7 +163,7 @@ def test_sampling_temperature_must_be_finite_and_non_negative(t):
 
     from itde.train._sample import _check
 
-    causal = SimpleNamespace(ide=SimpleNamespace(causal=True))
+    causal = SimpleNamespace(equation=SimpleNamespace(causal=True))
     with pytest.raises(ValueError, match=r"`--temperature`=.* must be a finite number >= 0"):
         _check(causal, "ab", "a", 3, t, 0)
 

@@ -242,10 +242,10 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     }  # fmt: skip
     run = Run(from_dict(TrainExperiment, table))
     model, _ = run.init_state()
-    assert isinstance(model.ide.block, itde.PreNorm) and model.ide.final_norm is not None
+    assert isinstance(model.equation.block, itde.PreNorm) and model.equation.final_norm is not None
     x, _ = run.batch(0)
     logits = np.asarray(eqx.filter_jit(type(model).batched)(model, jnp.asarray(x)))
-    enc = itde.to_torch(model.ide).eval()
+    enc = itde.to_torch(model.equation).eval()
     assert enc.layers[0].norm_first and enc.norm is not None
     u0 = np.array(model.initial_state(jnp.asarray(x)))
     with torch.no_grad():
@@ -253,7 +253,7 @@ def test_pre_norm_network_with_a_final_norm_is_pytorchs_pre_ln_encoder():
     want = y @ np.asarray(model.readout) + np.asarray(model.readout_bias)
     np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-5)
     # and the head applies the final norm: without it the logits differ
-    bare = np.asarray(eqx.filter_jit(itde.solve)(model.ide, jnp.asarray(u0[0])).ys[-1])
+    bare = np.asarray(eqx.filter_jit(itde.solve)(model.equation, jnp.asarray(u0[0])).ys[-1])
     bare = bare @ np.asarray(model.readout)
     assert np.max(np.abs(bare - (want[0] - np.asarray(model.readout_bias)))) > 1e-2
 
@@ -294,16 +294,16 @@ def test_continuous_pre_norm_model_with_a_final_norm():
 
     cfg = from_dict(TrainExperiment, table)
     model = init_token_model(jax.random.key(0), cfg.model, vocab=11, context=6, causal=True)
-    assert isinstance(model.ide.controls, itde.LegendreControls)
-    assert model.ide.block == itde.BLOCK_FORMS["pre_norm"]()
-    assert model.ide.project(0.0, jnp.ones((3, 8)) * 5).sum() == 5 * 24  # no constraint
+    assert isinstance(model.equation.controls, itde.LegendreControls)
+    assert model.equation.block == itde.BLOCK_FORMS["pre_norm"]()
+    assert model.equation.project(0.0, jnp.ones((3, 8)) * 5).sum() == 5 * 24  # no constraint
     x = np.random.default_rng(0).integers(0, 11, (2, 6))
     logits = np.asarray(eqx.filter_jit(type(model).batched)(model, jnp.asarray(x)))
     s = itde.SCHEMES["rk4"]
     u0 = model.initial_state(jnp.asarray(x[0]))
     solve = eqx.filter_jit(lambda m, u: itde.solve(m, u, solver=s.make(), dt0=1.0, terms=s.terms))
-    uT = np.asarray(solve(model.ide, u0).ys[-1])
-    fn = model.ide.final_norm
+    uT = np.asarray(solve(model.equation, u0).ys[-1])
+    fn = model.equation.final_norm
     z = (uT - uT.mean(-1, keepdims=True)) / np.sqrt(uT.var(-1, keepdims=True) + fn.eps)
     want = (z * np.asarray(fn.gain) + np.asarray(fn.shift)) @ np.asarray(model.embedding).T
     np.testing.assert_allclose(logits[0], want, rtol=1e-4, atol=1e-5)

@@ -53,14 +53,14 @@ def _outputs(model, x, dt):
 
 def _transport(model, x):
     """sum_k |u_{k+1} - u_k|^2 / h from the states `itde.solve` saves on the step grid."""
-    h, T = model.dt, model.ide.depth
+    h, T = model.dt, model.equation.depth
     grid = jnp.asarray(np.arange(0, T + h / 2, h))
     u0 = jax.vmap(model.initial_state)(x)
     solver = itde.SCHEMES[model.scheme]
     ys = jax.vmap(
         lambda u: (
             itde.solve(
-                model.ide,
+                model.equation,
                 u,
                 solver=solver.make(),
                 dt0=h,

@@ -166,8 +166,8 @@ def test_smooth_controls_from_the_layers_start_at_the_network(cfg, gpt2_dir):
     smooth = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scheme="rk4"))
     run = Run(smooth)
     model, _ = run.init_state()
-    assert isinstance(model.ide.controls, itde.LegendreControls)
-    assert model.ide.controls.n_modes == 2
+    assert isinstance(model.equation.controls, itde.LegendreControls)
+    assert model.equation.controls.n_modes == 2
     network, _ = Run(cfg).init_state()
     x = jnp.asarray(run.batch(0)[0])
     want = np.asarray(PREDICT(network, x))
@@ -264,7 +264,7 @@ def test_smooth_finetune_trains_from_the_layers(cfg, tmp_path):
     losses = [r["loss"] for r in rows]
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.2, losses
     assert not (tmp_path / "hf").exists() and "eval_continuum_distance" in rows[-1]
-    assert isinstance(result.model.ide.controls, itde.LegendreControls)
+    assert isinstance(result.model.equation.controls, itde.LegendreControls)
 
 
 @pytest.mark.slow
@@ -314,7 +314,8 @@ def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            lm = _converted.__wrapped__(str(gpt2_dir), _stamp(HFInit(gpt2_dir)))  # not the cached one
+            # not the cached one
+            lm = _converted.__wrapped__(str(gpt2_dir), _stamp(HFInit(gpt2_dir)))
     finally:
         logger.removeHandler(catch)
     said = [r.getMessage() for r in records]

@@ -85,7 +85,7 @@ def test_tied_pre_ln_model_equals_a_pytorch_gpt_with_a_tied_head(tied_run):
     import torch
 
     run, model = tied_run
-    enc = itde.to_torch(model.ide).eval()
+    enc = itde.to_torch(model.equation).eval()
 
     class GPT(torch.nn.Module):
         def __init__(self):

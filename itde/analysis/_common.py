@@ -13,20 +13,15 @@ from .._operators._mask import key_mask
 
 
 def equation_of(model) -> TransformerIDE:
-    """The `TransformerIDE` of a model: the model itself, or the equation of a converted
-    Hugging Face model (`HFTransformer.equation`, `HFCausalLM.base.equation`) or of a
-    trained model (`.ide`)."""
-    seen = model
-    for _ in range(3):
+    """The `TransformerIDE` of a model: the model itself, its `equation` (a converted
+    `HFTransformer`, a trained `TokenModel` or `FieldModel`), or its base model's (an
+    `HFCausalLM`: `.base.equation`)."""
+    for seen in (model, getattr(model, "base", None)):
         if isinstance(seen, TransformerIDE):
             return seen
-        for name in ("equation", "ide", "base"):
-            inner = getattr(seen, name, None)
-            if inner is not None and not isinstance(inner, str):
-                seen = inner
-                break
-        else:
-            break
+        equation = getattr(seen, "equation", None)
+        if isinstance(equation, TransformerIDE):
+            return equation
     raise TypeError(
         f"`model` must be an itde.TransformerIDE or a model that holds one (an "
         f"itde.HFTransformer from itde.from_hf, an HFCausalLM, a trained model); got "

@@ -116,7 +116,7 @@ def _checkpoint_problem(directory: str, n: int):
         return model.head(y)
 
     name = f"{run.cfg.task.name} model, step {meta['step']}"
-    return model.ide, u0, None, readout, (model.scheme, model.dt), name
+    return model.equation, u0, None, readout, (model.scheme, model.dt), name
 
 
 def cmd_model_study(args) -> int:

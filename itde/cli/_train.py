@@ -123,7 +123,7 @@ def cmd_eval(args) -> int:
     with _stage(args, f"loading {args.checkpoint}"):
         run, model, meta = _restore(args.checkpoint, spread=True)
     trained = model
-    layers = getattr(model.ide.controls, "layer_length", None)  # per-layer controls
+    layers = getattr(model.equation.controls, "layer_length", None)  # per-layer controls
     if layers is not None and args.dt is not None and args.dt > layers:
         # a coarser per-layer network: every r-th layer (the run's `[multilevel]
         # restriction`) at r times the step, as multilevel training runs its coarse levels

@@ -174,7 +174,7 @@ def model_depth_study(
     **Arguments:**
 
     - `equation`: the model's `TransformerIDE` (from `itde.from_torch`, a trained model's
-      `ide`, or `itde.from_hf(model).continuum_form().equation`). A post-norm model whose
+      `equation`, or `itde.from_hf(model).continuum_form().equation`). A post-norm model whose
       norms have gains is studied through its continuum form (exact at the network's step).
     - `u0`: the model's initial states, `[batch, tokens, features]` (its embeddings of real
       inputs). For a Hugging Face post-norm model take them from

@@ -213,10 +213,24 @@ def read_leaves(directory: str | Path, meta: dict) -> bytes:
     return raw
 
 
+#: Fields renamed since a sidecar may have been written, as they appear in its `shapes`
+#: paths: `TokenModel.ide` and `FieldModel.ide` are `.equation` since issue 46 (the state
+#: file holds the leaves in the same order: only the sidecar's names differ).
+_RENAMED_FIELDS = {".ide.": ".equation."}
+
+
+def _current_path(path: str) -> str:
+    """A `shapes` path of a sidecar in the current names of its fields."""
+    for old, new in _RENAMED_FIELDS.items():
+        path = path.replace(old, new)
+    return path
+
+
 def check_shapes(directory: Path, template, meta: dict) -> None:
-    """Raise unless the sidecar's array shapes and dtypes are those of `template`."""
+    """Raise unless the sidecar's array shapes and dtypes are those of `template` (the
+    paths of a sidecar written before a field was renamed read in its new name)."""
     want = shapes(template)
-    got = meta["shapes"]
+    got = {_current_path(k): v for k, v in meta["shapes"].items()}
     if want != got:
         bad = [k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
         k = bad[0]

@@ -62,7 +62,7 @@ class DepthRegularisation(eqx.Module):
 def _path(model, u0, dt: float, steps: bool):
     """The batched solve of `model`'s equation with its scheme at step `dt`: the states at
     every step (with the start) if `steps`, else the final state."""
-    return integrate(model.ide, u0, model.scheme, dt, batched=True, path=steps)
+    return integrate(model.equation, u0, model.scheme, dt, batched=True, path=steps)
 
 
 def transport_cost(model, path) -> jax.Array:
@@ -71,7 +71,7 @@ def transport_cost(model, path) -> jax.Array:
     over the batch and the tokens: the discrete $\int \|\partial_t u\|^2\,dt$."""
     du = jnp.diff(path, axis=0)
     sq = du * du
-    fw = model.ide.feature_weights()
+    fw = model.equation.feature_weights()
     if fw is None:
         per = jnp.sum(sq, axis=-1)
     else:

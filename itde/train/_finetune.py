@@ -121,7 +121,7 @@ def token_model_from_lm(lm, m, *, vocab: int, context: int, name: str = "model.i
     return TokenModel(
         embedding=base.word_embeddings,
         position=base.position_embeddings,
-        ide=ide,
+        equation=ide,
         readout=None if lm.head is None else lm.head.T,
         readout_bias=lm.head_bias,
         scheme=m.scheme,
@@ -151,12 +151,12 @@ def export_refusal(model, *, from_hf: bool = True) -> str | None:
             "the run was trained from scratch (`model.init` is empty); only a model started "
             "from a Hugging Face directory has a class to be written back into."
         )
-    if not isinstance(model.ide.controls, PiecewiseConstant) or model.scheme != "lie":
+    if not isinstance(model.equation.controls, PiecewiseConstant) or model.scheme != "lie":
         return (
             f"the model has controls smooth in depth (scheme {model.scheme!r}); a Hugging "
             "Face model is a per-layer network, so it has no layers to write. Fine-tune with "
             "`model.scheme` = 'lie' to export (or sample its controls at the layers "
-            "yourself: `model.ide.controls` is an itde.LegendreControls)."
+            "yourself: `model.equation.controls` is an itde.LegendreControls)."
         )
     # exact: `dt` is the number the config gives; 1 means one step per layer
     if model.dt != 1.0:
@@ -181,7 +181,7 @@ def lm_from_token_model(model: TokenModel, template):
         template.base,
         word_embeddings=model.embedding,
         position_embeddings=model.position,
-        equation=model.ide,
+        equation=model.equation,
     )
     head = None if model.readout is None else model.readout.T
     return dataclasses.replace(template, base=base, head=head, head_bias=model.readout_bias)

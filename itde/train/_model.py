@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -92,6 +93,19 @@ def _uniform(key, shape, scale, dtype):
     return uniform(key, shape, dtype, -scale, scale)
 
 
+def _deprecated_ide(model) -> TransformerIDE:
+    """The model's `equation`, under its name before issue 46 (one release, with a
+    `DeprecationWarning`)."""
+    name = type(model).__name__
+    warnings.warn(
+        f"`{name}.ide` is deprecated and will be removed in the next release; use "
+        f"`{name}.equation` (the same TransformerIDE).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return model.equation
+
+
 class TokenModel(eqx.Module):
     r"""Tokens $\to$ logits: $f(x_k) = E[\text{token}_k] + P[k]$, the IDE to depth $T$,
     then `logits = u(T) W + b`. Call on one sequence of int tokens `[n]`, $n \le$ `context`;
@@ -100,7 +114,8 @@ class TokenModel(eqx.Module):
     - `embedding`: $E$, `[vocab, width]`; `position`: $P$, `[positions, width]` (learned;
       at least the task's context), or None where the equation carries the positions
       itself (a converted Llama: RoPE inside its attention).
-    - `ide`: the equation, a [`TransformerIDE`][itde.TransformerIDE] of depth $T$.
+    - `equation`: the equation, a [`TransformerIDE`][itde.TransformerIDE] of depth $T$
+      (`ide` before issue 46: a deprecated alias for one release).
     - `readout`: $W$, `[width, vocab]`, or None for a head tied to the embedding
       ($W = E^\top$, as nanoGPT and GPT-2: one parameter with two uses, whose gradient is
       the sum of both; `[model] tie_embeddings`). `readout_bias`: $b$, `[vocab]`, or None
@@ -109,7 +124,7 @@ class TokenModel(eqx.Module):
 
     embedding: Float[Array, "vocab width"] = kernel()
     position: Float[Array, "positions width"] | None = kernel()
-    ide: TransformerIDE
+    equation: TransformerIDE
     readout: Float[Array, "width vocab"] | None = kernel()
     readout_bias: Float[Array, " vocab"] | None
     scheme: str = eqx.field(static=True, default="lie")
@@ -121,6 +136,8 @@ class TokenModel(eqx.Module):
                 f"`readout` must be [width, vocab] with width {self.embedding.shape[1]} (the "
                 f"embedding's), got shape {self.readout.shape}."
             )
+
+    ide = property(_deprecated_ide, doc="Deprecated: the `equation` (its name before issue 46).")
 
     @property
     def tied(self) -> bool:
@@ -162,14 +179,14 @@ class TokenModel(eqx.Module):
     def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n vocab"]:
         """The logits from the solution $u(T)$ (any leading axes): the equation's output map
         (its `final_norm`, if any) then the readout ($E^\\top$ when tied)."""
-        h = _output(self.ide, u)
+        h = _output(self.equation, u)
         logits = h @ self.embedding.T if self.readout is None else h @ self.readout
         return logits if self.readout_bias is None else logits + self.readout_bias
 
     def _forward(self, tokens, batched: bool):
         """Embed (any leading axes), solve in depth, read out."""
         u0 = self.initial_state(tokens)
-        return self.head(integrate(self.ide, u0, self.scheme, self.dt, batched=batched))
+        return self.head(integrate(self.equation, u0, self.scheme, self.dt, batched=batched))
 
 
 class FieldModel(eqx.Module):
@@ -178,17 +195,20 @@ class FieldModel(eqx.Module):
     domain $[0, 2\pi)$, a linear readout to one value per token. Any even $N$ works.
 
     - `lift`: `[3, width]` and `lift_bias`: `[width]`, the lift of $[u_0, \sin x, \cos x]$.
-    - `ide`: the equation, a [`TransformerIDE`][itde.TransformerIDE] on the periodic grid.
+    - `equation`: the equation, a [`TransformerIDE`][itde.TransformerIDE] on the periodic
+      grid (`ide` before issue 46: a deprecated alias for one release).
     - `readout`: `[width]` and `readout_bias`: a scalar, the value read from $u(t_f)$.
     - `scheme`, `dt`: the depth integrator (a name of `itde.SCHEMES`) and its step."""
 
     lift: Float[Array, "3 width"] = kernel()
     lift_bias: Float[Array, " width"]
-    ide: TransformerIDE
+    equation: TransformerIDE
     readout: Float[Array, " width"] = kernel()
     readout_bias: Float[Array, ""]
     scheme: str = eqx.field(static=True, default="lie")
     dt: float = eqx.field(static=True, default=1.0)
+
+    ide = property(_deprecated_ide, doc="Deprecated: the `equation` (its name before issue 46).")
 
     @property
     def dtype(self):
@@ -218,12 +238,12 @@ class FieldModel(eqx.Module):
     def head(self, u: Float[Array, "... n width"]) -> Float[Array, "... n"]:
         """The predicted field from the solution $u(T)$ (any leading axes): the equation's
         output map (its `final_norm`, if any) then the readout."""
-        return _output(self.ide, u) @ self.readout + self.readout_bias
+        return _output(self.equation, u) @ self.readout + self.readout_bias
 
     def _forward(self, u0, batched: bool):
         """Lift (any leading axes), solve in depth, read out."""
         f = self.initial_state(u0)
-        return self.head(integrate(self.ide, f, self.scheme, self.dt, batched=batched))
+        return self.head(integrate(self.equation, f, self.scheme, self.dt, batched=batched))
 
 
 def with_depth(model, scheme: str | None = None, dt: float | None = None, *, name: str = "dt"):
@@ -231,7 +251,7 @@ def with_depth(model, scheme: str | None = None, dt: float | None = None, *, nam
     named in an error, e.g. `"--dt"`)."""
     scheme = model.scheme if scheme is None else scheme
     dt = model.dt if dt is None else dt
-    check_depth(model.ide, scheme, dt, name=name)
+    check_depth(model.equation, scheme, dt, name=name)
     dt = float(dt)
     return dataclasses.replace(model, scheme=scheme, dt=dt)
 
@@ -284,7 +304,7 @@ def init_token_model(
     return TokenModel(
         embedding=normal(k_a, (vocab, d), dtype) * jnp.asarray(scale, dtype),
         position=normal(k_b, (context, d), dtype) * jnp.asarray(scale, dtype),
-        ide=ide,
+        equation=ide,
         readout=None if tied else _uniform(k_c, (d, vocab), 1 / math.sqrt(d), dtype),
         readout_bias=None if tied else jnp.zeros((vocab,), dtype),
         scheme=m.scheme,
@@ -301,7 +321,7 @@ def init_field_model(key: PRNGKeyArray, m, *, dtype=jnp.float32) -> FieldModel:
     return FieldModel(
         lift=_uniform(k_a, (3, d), 1.0, dtype),
         lift_bias=jnp.zeros((d,), dtype),
-        ide=build_ide(k_ide, m, causal=False, grid=grid, dtype=dtype),
+        equation=build_ide(k_ide, m, causal=False, grid=grid, dtype=dtype),
         readout=_uniform(k_b, (d,), 1 / math.sqrt(d), dtype),
         readout_bias=jnp.zeros((), dtype),
         scheme=m.scheme,

@@ -124,7 +124,7 @@ layers' midpoints."""
 
 # ----------------------------------------------------------------------- moments
 def _is_model(x) -> bool:
-    return hasattr(x, "ide") and hasattr(x, "dt")
+    return hasattr(x, "equation") and hasattr(x, "dt")
 
 
 class AbstractMoments(eqx.Module):
@@ -192,7 +192,7 @@ class Transfer(eqx.Module):
 
     def model(self, model, dt: float):
         """`model` (or a tree shaped like it) at depth step `dt`."""
-        controls = model.ide.controls
+        controls = model.equation.controls
         if not isinstance(controls, PiecewiseConstant):  # smooth: the same parameters
             return _replaced(model, dt=float(dt))
         if dt > model.dt:
@@ -206,7 +206,7 @@ class Transfer(eqx.Module):
         else:
             return model
         new = _replaced(controls, values=values, layer_length=length)
-        return _replaced(model, ide=_replaced(model.ide, controls=new), dt=float(dt))
+        return _replaced(model, equation=_replaced(model.equation, controls=new), dt=float(dt))
 
     def __call__(self, model, opt_state, dt: float):
         """`(model, opt_state)` at depth step `dt`."""
@@ -225,7 +225,7 @@ def coarsen(model, dt: float, restriction: str | AbstractRestriction = "even", *
                 f"`restriction`={restriction!r} is not known; choose one of {sorted(RESTRICTIONS)}"
             )
         restriction = RESTRICTIONS[restriction]
-    controls = model.ide.controls
+    controls = model.equation.controls
     if not math.isfinite(dt):
         raise ValueError(f"`{name}`={dt!r} must be a finite depth step, e.g. {2 * model.dt:g}")
     if isinstance(controls, PiecewiseConstant) and dt > model.dt:

@@ -45,7 +45,7 @@ class TokenDecoder(AbstractDecoder):
 
     @property
     def equation(self):
-        return self.token_model.ide
+        return self.token_model.equation
 
     @property
     def model(self):
@@ -68,7 +68,7 @@ class TokenDecoder(AbstractDecoder):
 
     def states(self, window):
         m = self.token_model
-        return integrate(m.ide, m.initial_state(window), m.scheme, m.dt)
+        return integrate(m.equation, m.initial_state(window), m.scheme, m.dt)
 
     def logits(self, u):
         return self.token_model.head(u).astype(jnp.float32)
@@ -85,7 +85,7 @@ def cacheable(model, context: int) -> bool:
 def _check(model, itos, prompt, length, temperature, seed, encode=None, *, top_k=None,
            top_p=1.0) -> tuple[int, float]:  # fmt: skip
     """Check the arguments of a sample; returns the traced filters `(k, floor)`."""
-    if not model.ide.causal:
+    if not model.equation.causal:
         raise ValueError("sampling needs a causal model (trained on task 'charlm' or 'textlm').")
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise ValueError(f"`--length`={length!r} must be a non-negative integer.")
@@ -169,7 +169,7 @@ def sample_stream(
     slide = len(tail) + length > context
     window = context if slide else window_length(dec, len(tail) + length, context, context)
     if cache is True:
-        check_cacheable(model.ide, window, solver=dec.solver, dt0=dec.dt0)
+        check_cacheable(model.equation, window, solver=dec.solver, dt0=dec.dt0)
     elif cache is None:
         cache = engine_cacheable(dec, window)
     key, sampling = None, None  # temperature 0: the greedy program
