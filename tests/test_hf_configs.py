@@ -52,6 +52,7 @@ EXPECTED = {
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
     "smollm2-360m": None, "t5-small": None, "vit-base-patch16-224-in21k": None,
     "mixtral-8x7b-v0.1": None, "qwen1.5-moe-a2.7b": None,
+    "olmoe-1b-7b-0924": None,
 }  # fmt: skip
 
 # Fields of these files that no transformers code defines or reads: the metadata the

@@ -17,7 +17,6 @@ from ._hf_family import AbstractHFFamily
 from ._hf_gemma import GemmaFamily
 from ._hf_gemma2 import Gemma2Family
 from ._hf_gemma3 import Gemma3TextFamily
-from ._hf_olmo2 import Olmo2Family
 from ._hf_glue import HF_ACTIVATIONS  # noqa: F401  (re-exported for the CLI and docs)
 from ._hf_gpt2 import GPT2Family
 from ._hf_llama import LlamaFamily
@@ -27,6 +26,8 @@ from ._hf_mistral import MistralFamily
 from ._hf_mixtral import MixtralFamily
 from ._hf_model import HFTransformer
 from ._hf_neox import GPTNeoXFamily
+from ._hf_olmo2 import Olmo2Family
+from ._hf_olmoe import OlmoeFamily
 from ._hf_phi3 import Phi3Family
 from ._hf_qwen2 import Qwen2Family
 from ._hf_qwen2_moe import Qwen2MoeFamily
@@ -60,6 +61,8 @@ for _family in (
                    logit_cap=True),
     Olmo2Family(),
     CausalLMFamily("Olmo2ForCausalLM", Olmo2Family(), base="model", head="lm_head"),
+    OlmoeFamily(),
+    CausalLMFamily("OlmoeForCausalLM", OlmoeFamily(), base="model", head="lm_head"),
     Gemma3TextFamily(),
     CausalLMFamily("Gemma3ForCausalLM", Gemma3TextFamily(), base="model", head="lm_head",
                    logit_cap=True),
