@@ -54,7 +54,7 @@ def _worker(
     import numpy as np
 
     import itde
-    from itde._operators._blocked import blocked_attention, dense_attention, fused_attention
+    from itde import blocked_attention, dense_attention, fused_attention
 
     core = {"dense": dense_attention, "blocked": blocked_attention, "fused": fused_attention}
     core = core[method]

@@ -90,7 +90,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import itde
-from itde._roles import kernel
+from itde._internal import kernel
 from itde.data import TokenCorpus, builtin_text_path, shakespeare_path
 from itde.train import (
     DepthRegularisation,

@@ -42,7 +42,8 @@ from bench_nanogpt import GPT, NextToken, itde_from_gpt, optim_config
 
 import itde
 import itde_solvers as solvers
-from itde import SCHEMES, _solve
+from itde import SCHEMES
+from itde._internal import _solve
 from itde.train import make_optimizer, make_step
 from itde.train._model import _output
 

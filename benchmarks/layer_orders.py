@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import itde
-import itde._solve as solve_module
 import itde_solvers as S
+from itde._internal import _solve as solve_module
 
 STEPS = (1 / 4, 1 / 8, 1 / 16)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import itde
-from itde._roles import kernel
+from itde._internal import kernel
 from itde.train import OptimConfig, make_optimizer
 from itde.train._model import cross_entropy
 

@@ -131,7 +131,7 @@ def test_converge_reference_out_of_steps_names_the_key(tmp_path, capsys):
 
 
 def test_outputs_are_plain_readable_files(tmp_path):
-    from itde._io import atomic_write, write_json
+    from itde._internal import atomic_write, write_json
 
     p = write_json(tmp_path / "x.json", {"a": [1, 2]})
     assert p.read_text().startswith("{") and oct(p.stat().st_mode & 0o777) == "0o644"
@@ -178,7 +178,7 @@ def test_diffrax_options_of_the_wrong_kind(model):
 
 
 def test_empty_scheme_list_and_non_table_config():
-    from itde import _config
+    from itde._internal import _config
     from itde.studies._converge_config import ConvergeExperiment
 
     with pytest.raises(_config.ConfigError, match=r"`study.schemes` is empty"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde import _config
+from itde._internal import _config
 from itde.cli import main
 from itde.cli._solve_config import SolveExperiment
 from itde.studies._converge_config import ConvergeExperiment

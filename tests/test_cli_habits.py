@@ -13,7 +13,7 @@ import select
 
 import pytest
 
-from itde import _config
+from itde._internal import _config
 from itde.cli import main
 from itde.cli._main import build_parser
 from itde.cli._solve_config import SolveExperiment
@@ -334,7 +334,7 @@ def _count(bar, n):
 
 
 def test_progress_in_a_log_file_is_a_line_a_tenth(tmp_path):
-    from itde._progress import LogLines, progress_bar
+    from itde._internal import LogLines, progress_bar
 
     path = tmp_path / "log"
     with open(path, "w") as f:
@@ -367,7 +367,7 @@ def test_progress_on_a_terminal_is_tqdms_bar():
     """The same count on a terminal (a pseudo-terminal) is tqdm's bar, redrawn in place."""
     import tqdm.std
 
-    from itde._progress import LogLines, progress_bar
+    from itde._internal import LogLines, progress_bar
 
     leader, follower = os.openpty()
     with open(follower, "w") as tty:  # 20 redraws: within the pty's buffer, read after
@@ -386,7 +386,7 @@ def test_progress_on_a_terminal_is_tqdms_bar():
 def test_training_clock_restart_writes_no_extra_line():
     """The train loop restarts the bar's clock after the first step (it compiled): in a log
     that is no second line for that step."""
-    from itde._progress import progress_bar
+    from itde._internal import progress_bar
     from itde.train._loop import restart_clock
 
     buf = io.StringIO()

@@ -18,7 +18,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 import itde
-from itde import _compilation_cache as cc
+from itde._internal import _compilation_cache as cc
 from itde.cli import main
 
 SOLVE = """

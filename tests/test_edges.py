@@ -64,7 +64,8 @@ def test_float64_models_convert_with_x64():
 
 
 def test_config_keys_that_do_not_fit_are_named(tmp_path):
-    from itde._config import ConfigError, from_dict
+    from itde import ConfigError
+    from itde._internal import from_dict
     from itde.cli._solve_config import SolveExperiment
     from itde.studies._converge_config import ConvergeExperiment
 
@@ -197,7 +198,7 @@ def test_adaptive_steps_on_float32_layers_with_float64_enabled():
 def test_adaptive_controller_gets_the_layer_boundaries_in_the_time_dtype():
     """The cheap half of the test above (no solve): the clip controller's `jump_ts` are in
     the solve's time dtype, float32 for a float32 state though float64 is enabled."""
-    from itde._solve import _step_grid
+    from itde._internal import _step_grid
 
     m = itde.TransformerIDE.init(jax.random.key(0), n_layers=3, n_features=4, n_heads=1)
     pid = diffrax.PIDController(rtol=1e-3, atol=1e-3)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde._polynomials import legendre
+from itde._internal import legendre
 from itde.function import (
     FourierBasis,
     FunctionAttention,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde._quadrature._volterra import GregoryVolterra
+from itde import GregoryVolterra
 
 D = 8  # features
 

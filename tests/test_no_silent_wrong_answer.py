@@ -13,7 +13,7 @@ import torch
 
 import itde
 import itde.cli
-from itde import _config
+from itde._internal import _config
 from itde.cli._solve_config import SolveExperiment
 from itde.studies._converge_config import ConvergeExperiment
 

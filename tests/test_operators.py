@@ -175,7 +175,7 @@ def test_flat_random_draws_equal_shaped_ones():
     """Initialisers draw flat and reshape (one cheap compile per size instead of an
     expensive one per shape); the parameters must be exactly those of the shaped draw.
     (Few shapes: each shaped reference draw is itself a slow compile.)"""
-    from itde._random import normal, uniform
+    from itde._internal import normal, uniform
 
     key = jax.random.key(3)
     for shape, dtype in (((3, 4, 6), jnp.float32), ((4, 5), jnp.float64)):

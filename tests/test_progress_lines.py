@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import itde
-from itde._progress import Stages, estimate_line, format_duration, stage_line
+from itde._internal import Stages, estimate_line, format_duration, stage_line
 from itde.cli import _model_study, main
 from itde.studies import _model, model_depth_study
 

@@ -39,7 +39,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import itde
-from itde._operators._blocked import key_block_plan
+from itde._internal import key_block_plan
 
 
 @pytest.fixture(scope="module", autouse=True)

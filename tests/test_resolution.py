@@ -199,7 +199,7 @@ def test_feature_axis_orders_and_periodic_row():
 
 
 def test_study_config_validation():
-    from itde._config import ConfigError
+    from itde import ConfigError
 
     with pytest.raises(ConfigError, match="study.rules"):
         StudyConfig(rules=("gauss",))

@@ -218,7 +218,7 @@ def test_batched_solve_equals_vmap_forward_and_gradient(kind):
 def test_controls_part_is_that_operator_of_the_block():
     """A vector field evaluates only the operator it reads (`controls(t, side, part)`);
     that must be exactly the block's operator, for per-layer and smooth controls."""
-    from itde._controls import BLOCK_PARTS
+    from itde._internal import BLOCK_PARTS
 
     per_layer = _model(L=3).controls
     smooth = itde.LegendreControls.init(
@@ -267,6 +267,6 @@ def test_solve_options_is_the_one_route_from_a_name_to_a_solve():
     ys = itde.solve(net, u0, **itde.SCHEMES["lie"].solve_options(0.5, net.controls)).ys[-1]
     chex.assert_trees_all_close(ys, itde.solve(net, u0, solver=LieTrotter(), dt0=0.5).ys[-1])
     with pytest.raises(ValueError, match=r"`name`='nope' is not known; choose one of \["):
-        from itde._registry import scheme
+        from itde._internal import scheme
 
         scheme("nope", what="`name`")

@@ -22,7 +22,7 @@ from transformers import masking_utils
 
 import itde
 from itde import blocked_attention, dense_attention, fused_attention
-from itde._operators._blocked import key_block_plan
+from itde._internal import key_block_plan
 
 CORES = {"dense": dense_attention, "blocked": blocked_attention, "fused": fused_attention}
 ATOL = {"dense": 1e-12, "blocked": 1e-12, "fused": 1e-5}  # fused: float32 softmax on XLA

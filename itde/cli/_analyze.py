@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import _config
-from .._io import check_output_dir, write_json
+from .._internal import _config, check_output_dir, write_json
 from ._help import add_set_option, writes
 from ._solve_config import SolveExperiment
 
@@ -42,7 +41,7 @@ def _config_problem(path: str | None, n: int, overrides=()):
 
 def _solver(model, scheme: str, dt: float, dt_flag: str):
     """The depth integrator of a scheme name (checked against the model's controls)."""
-    from .._registry import scheme as scheme_named
+    from .._internal import scheme as scheme_named
     from ..analysis._common import equation_of
 
     return scheme_named(scheme).solve_options(dt, equation_of(model).controls, name=dt_flag)

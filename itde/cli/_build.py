@@ -9,7 +9,7 @@ def _build_solve(cfg: SolveExperiment):
     import jax
 
     from .. import RULES, Grid, TransformerIDE
-    from .._blocks import block_from_names
+    from .._internal import block_from_names
 
     g = cfg.grid
     grid = Grid(

@@ -10,8 +10,7 @@ import dataclasses
 import os
 import sys
 
-from .. import _config
-from .._io import check_output_dir, write_json
+from .._internal import _config, check_output_dir, write_json
 from ..studies._converge_config import AXES, ConvergeExperiment, StudyConfig
 from ._build import _build_solve
 from ._help import Parser, add_compilation_cache_options, add_set_option, writes
@@ -35,8 +34,7 @@ def cmd_solve(args) -> int:
     from itde_solvers import LieTrotter
 
     from .. import solve
-    from .._operators._layernorm import feature_mean
-    from .._plot import plot_trajectory
+    from .._internal import feature_mean, plot_trajectory
 
     cfg, source = _config.experiment(SolveExperiment, args.config, args.set)
     if args.dt is not None:  # the flag overrides [solve] dt, checked as the config checks it
@@ -290,7 +288,7 @@ def _compilation_cache(args):
     None (off): `--no-compilation-cache`, `--compilation-cache DIR`, the environment
     variable, else the per-user default. A default that cannot be used is a note on stderr
     and the command runs without the cache; a directory the user named is an error."""
-    from .. import _compilation_cache as cc
+    from .._internal import _compilation_cache as cc
 
     if args.no_compilation_cache:
         return None
@@ -328,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prefix = f"itde {args.command}: error:"
     try:
-        from .._compilation_cache import session
+        from .._internal import session
 
         with session(_compilation_cache(args)):
             return args.func(args)

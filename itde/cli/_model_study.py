@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from .._io import check_output_dir
+from .._internal import check_output_dir
 
 #: The steps per layer of the study (`--steps` overrides). With `DEFAULT_INPUTS` and
 #: `DEFAULT_REFINEMENT` a first run on a small encoder (all-MiniLM-L6-v2) takes minutes on a

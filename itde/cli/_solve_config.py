@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 from .. import ConfigError
-from .._config import choices, positive, seed
+from .._internal import choices, positive, seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ class SolveConfig:
         positive("solve.n_tokens", self.n_tokens)
         positive("solve.dt", self.dt)
         seed("solve.seed", self.seed)
-        from .._solve import check_depth_step
+        from .._internal import check_depth_step
 
         check_depth_step(self.dt, 1.0, name="solve.dt", error=ConfigError)
 

@@ -23,14 +23,14 @@ def _load_config(path, overrides=(), resume=None):
     checkpoint's own config unchanged."""
     from pathlib import Path
 
-    from .._config import described
+    from .._internal import described
     from ..train import TrainExperiment, from_dict, load_config
 
     if path is None and resume is not None:
         source = f"the config of {Path(resume) / 'checkpoint.json'}"
         if not overrides:
             return None, source
-        from .._config import override
+        from .._internal import override
         from ..train._checkpoint import read_meta
         from ..train._config import RENAMED
 
@@ -58,7 +58,7 @@ def cmd_train(args) -> int:
             "(new, or an earlier run's with --resume/--overwrite) for the run's outputs"
         )
     if args.out is not None:  # under a file, or not writable: said now, before JAX starts
-        from .._io import check_output_location
+        from .._internal import check_output_location
 
         check_output_location(args.out, "--out")
     cfg, source = _load_config(args.config, args.set, args.resume)
@@ -104,7 +104,7 @@ def _restore(directory, spread: bool = False):
 def _stage(args, what: str):
     """A stage of `itde eval` / `itde sample`: `itde COMMAND: what ...` on stderr before it,
     `... took 12 s` after (none with --no-progress)."""
-    from .._progress import stage_line
+    from .._internal import stage_line
 
     return stage_line(f"itde {args.command}", what, enabled=not args.no_progress)
 
@@ -174,7 +174,7 @@ def cmd_sample(args) -> int:
     """Print the prompt, then the generated text chunk by chunk as it is drawn (flushed),
     so a long run shows progress and Ctrl-C keeps what was printed."""
     from .. import train as tr
-    from .._config import SEED_MAX
+    from .._internal import SEED_MAX
 
     if not 0 <= args.seed <= SEED_MAX:
         raise ValueError(f"`--seed`={args.seed} must be an integer in [0, {SEED_MAX}]")
@@ -187,7 +187,7 @@ def cmd_sample(args) -> int:
             f"`--temperature`={args.temperature!r} must be a finite number >= 0 (0 = greedy, "
             "1 = the model's own distribution)."
         )
-    from .._sampling import check_filters, check_filters_sample
+    from .._internal import check_filters, check_filters_sample
     from ..train._sample import FILTER_NAMES
 
     check_filters(args.top_k, args.top_p, FILTER_NAMES)  # said before the checkpoint is read
