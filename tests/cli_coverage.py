@@ -44,7 +44,7 @@ def _subparsers(parser) -> dict[str, argparse.ArgumentParser]:
 def command_key(args: argparse.Namespace) -> str:
     """The key of a parsed command line (its config file read for the axis or the task)."""
     from itde._internal import _config
-    from itde.studies._converge_config import ConvergeExperiment
+    from itde.studies._internal import ConvergeExperiment
 
     c = args.command
     if c == "converge":

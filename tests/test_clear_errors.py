@@ -179,7 +179,7 @@ def test_diffrax_options_of_the_wrong_kind(model):
 
 def test_empty_scheme_list_and_non_table_config():
     from itde._internal import _config
-    from itde.studies._converge_config import ConvergeExperiment
+    from itde.studies._internal import ConvergeExperiment
 
     with pytest.raises(_config.ConfigError, match=r"`study.schemes` is empty"):
         _config.from_dict(ConvergeExperiment, {"study": {"schemes": []}})

@@ -14,7 +14,7 @@ import itde
 from itde._internal import _config
 from itde.cli import main
 from itde.cli._solve_config import SolveExperiment
-from itde.studies._converge_config import ConvergeExperiment
+from itde.studies._internal import ConvergeExperiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,7 @@ import torch
 import itde
 import itde_solvers as solvers
 from itde import SCHEMES
-from itde.studies._converge_config import ProblemConfig
-from itde.studies._depth import build_problem
+from itde.studies._internal import ProblemConfig, build_problem
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def test_config_keys_that_do_not_fit_are_named(tmp_path):
     from itde import ConfigError
     from itde._internal import from_dict
     from itde.cli._solve_config import SolveExperiment
-    from itde.studies._converge_config import ConvergeExperiment
+    from itde.studies._internal import ConvergeExperiment
 
     with pytest.raises(ConfigError, match=r"`model.n_features`=32 does not fit "
                        r"`grid.features`='simpson'.*n=33"):  # fmt: skip

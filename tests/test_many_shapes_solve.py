@@ -266,8 +266,8 @@ def test_a_token_convergence_study_compiles_per_bucket_not_per_count():
     bucket (and every rule of the same structure) shares one program. One rule, its causal
     row, three counts in the bucket 8: two programs for the grids and two for the
     references (9 Gauss-Legendre nodes), not one per count (eight)."""
-    from itde.studies._converge_config import ConvergeExperiment
-    from itde.studies._grid import run_grid_study
+    from itde.studies import run_grid_study
+    from itde.studies._internal import ConvergeExperiment
 
     cfg = ConvergeExperiment()
     study = dataclasses.replace(

@@ -15,7 +15,7 @@ import itde
 import itde.cli
 from itde._internal import _config
 from itde.cli._solve_config import SolveExperiment
-from itde.studies._converge_config import ConvergeExperiment
+from itde.studies._internal import ConvergeExperiment
 
 KEY = jax.random.PRNGKey(0)
 

@@ -13,7 +13,7 @@ import pytest
 matplotlib.use("Agg")
 
 from itde._internal import figure_trajectory  # noqa: E402
-from itde.studies._depth import figure_study  # noqa: E402
+from itde.studies._internal import figure_study  # noqa: E402
 from itde.train import TASKS  # noqa: E402
 from itde.train._plot import figure_metrics  # noqa: E402
 

@@ -14,7 +14,8 @@ import torch
 import itde
 from itde._internal import Stages, estimate_line, format_duration, stage_line
 from itde.cli import _model_study, main
-from itde.studies import _model, model_depth_study
+from itde.studies import model_depth_study
+from itde.studies._internal import _model
 
 
 class Clock:
@@ -158,7 +159,7 @@ steps = [2, 4]
 
 
 def test_converge_says_the_reference_solve_first(tmp_path, capsys, monkeypatch):
-    from itde.studies import _depth
+    from itde.studies._internal import _depth
 
     def rows(model, u0, ref, *args):  # stop once the reference is solved (the rest: a bar)
         assert ref.shape == (4, 6)
@@ -191,7 +192,7 @@ def test_full_is_the_full_step_set_and_refuses_steps(tmp_path, capsys, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(_model_study, "_hf_problem", problem)
-    monkeypatch.setattr(_model, "model_depth_study", study)
+    monkeypatch.setattr(itde.studies, "model_depth_study", study)  # where the CLI reads it
     argv = ["converge", "--hf", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main(argv) == 130 and main([*argv, "--full"]) == 130
     assert main([*argv, "--steps", "3", "5"]) == 130
@@ -265,7 +266,7 @@ def test_gallery_stages_say_each_item_before_its_work(monkeypatch):
 
 
 def test_order_check_says_whether_a_slope_is_an_order():
-    from itde.studies._model import order_check
+    from itde.studies._internal import order_check
 
     dts = [1.0, 0.5, 0.25, 0.125]
     settled = order_check(dts, [4.0 * h**2 * (1 + 0.01 * h) for h in dts])
@@ -322,7 +323,7 @@ def test_reference_bar_comes_before_the_result_and_no_progress_silences_it(
 
 
 def test_grid_study_says_its_plan_and_each_reference_first(tmp_path, capsys, monkeypatch):
-    from itde.studies import _grid
+    from itde.studies._internal import _grid
 
     def stop(rule, n):  # stop once the first reference is solved: the rest is the bar's
         raise KeyboardInterrupt

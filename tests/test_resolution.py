@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import itde
-from itde.studies._converge_config import ConvergeExperiment, StudyConfig
-from itde.studies._grid import GridProblem, _grid, run_grid_study
+from itde.studies import run_grid_study
+from itde.studies._internal import ConvergeExperiment, GridProblem, StudyConfig, _grid
 
 GL = itde.GaussLegendre
 
@@ -206,4 +206,4 @@ def test_study_config_validation():
     with pytest.raises(ConfigError, match="reference_nodes"):
         StudyConfig(nodes=(8, 16), reference_nodes=16)
     assert GridProblem  # the problem builder is importable for custom studies
-    assert _grid("features", GL(interval=(0, 1)), 8)[0].n_features == 8
+    assert _grid._grid("features", GL(interval=(0, 1)), 8)[0].n_features == 8

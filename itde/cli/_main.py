@@ -11,7 +11,7 @@ import os
 import sys
 
 from .._internal import _config, check_output_dir, write_json
-from ..studies._converge_config import AXES, ConvergeExperiment, StudyConfig
+from ..studies._internal import AXES, ConvergeExperiment, StudyConfig
 from ._build import _build_solve
 from ._help import Parser, add_compilation_cache_options, add_set_option, writes
 from ._solve_config import SolveConfig, SolveExperiment
