@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import pytest
 
 import itde
-from itde.analysis import _estimate, analyze
+from itde.analysis import analyze
+from itde.analysis._internal import _estimate
 
 L, D, H, E, F = 3, 8, 2, 4, 12  # layers, features, heads, head size, hidden
 

@@ -209,7 +209,7 @@ def test_leading_spectra_are_numpys_leading_values_gated_gqa(head_dim):
     """The report's spectra (small symmetric eigenproblems, no full SVD) against NumPy's
     dense values on a gated feed-forward with grouped-query attention (query head m reads
     key head m // 2); heads narrower than the features (2 of 8) and wider (11)."""
-    from itde.analysis._spectra import leading_spectra
+    from itde.analysis._internal import leading_spectra
 
     m = itde.TransformerIDE.init(jax.random.key(13), n_layers=2, n_features=8, n_heads=4,
                                  n_hidden=12, gated=True, n_kv_heads=2,
@@ -249,7 +249,7 @@ def test_progress_says_the_expected_time_before_the_long_work(model, fixed, monk
     line but the last with an updated estimate."""
     import io
 
-    from itde.analysis import _report
+    from itde.analysis._internal import _report
 
     m, u0 = model
     buf = io.StringIO()

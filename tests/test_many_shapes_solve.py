@@ -287,7 +287,7 @@ def test_a_token_convergence_study_compiles_per_bucket_not_per_count():
 def test_an_analysis_solves_its_inputs_padded():
     """`itde.analysis.analyze` solves its inputs as an eager solve does (`_solve_all`): the
     exact states, and at a second token count of the bucket no new program."""
-    from itde.analysis._report import _solve_all, _solve_all_program
+    from itde.analysis._internal import _solve_all, _solve_all_program
 
     model = _model()
     save = diffrax.SaveAt(ts=jnp.asarray([0.0, 1.0, 2.0]))  # analyze's: the layer boundaries

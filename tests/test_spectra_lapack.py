@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde.analysis import _spectra as S
+from itde.analysis._internal import _spectra as S
 
 #: The primitives that become LAPACK calls on the CPU.
 LAPACK = {"svd", "eig", "eigh", "qr", "geqrf", "geqp3", "householder_product", "lu",

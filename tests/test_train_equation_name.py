@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import itde
-from itde.analysis._common import equation_of
+from itde.analysis._internal import equation_of
 from itde.train import ModelConfig, load
 from itde.train._model import init_field_model, init_token_model
 

@@ -42,7 +42,7 @@ def _config_problem(path: str | None, n: int, overrides=()):
 def _solver(model, scheme: str, dt: float, dt_flag: str):
     """The depth integrator of a scheme name (checked against the model's controls)."""
     from .._internal import scheme as scheme_named
-    from ..analysis._common import equation_of
+    from ..analysis._internal import equation_of
 
     return scheme_named(scheme).solve_options(dt, equation_of(model).controls, name=dt_flag)
 
@@ -92,7 +92,7 @@ def cmd_analyze(args) -> int:
     _check_iteration_flags(args)
     if args.text is not None and args.hf is None:
         raise ValueError("`--text` gives the inputs of a --hf model; add `--hf DIR` or drop it.")
-    from ..analysis._token_exponents import as_token_exponent
+    from ..analysis._internal import as_token_exponent
 
     exponent = as_token_exponent(args.exponent, "--exponent")
     out = check_output_dir(args.out if args.out is not None else DEFAULT_OUT, "--out")

@@ -1,0 +1,44 @@
+"""The project's own door into `itde.analysis`'s private modules, for its tests, its command
+line (`itde.cli`) and its benchmarks: what they need of `itde.analysis` that is not public
+is reached here, and nowhere else (tests/test_private_boundary.py checks it).
+
+No stability promise: a name here may change or go with any commit. Users import from
+`itde.analysis`. This module only re-exports: each name is read from the module that defines
+it, on each use; a name that is a module is that module itself, for the tests that patch one
+of its globals.
+"""
+
+import importlib as _importlib
+
+#: name -> the module (relative to `itde.analysis`) that defines it; a name mapped to "" is the
+#: module `itde.analysis.<name>` itself.
+_EXPORTS = {
+    # modules, for the tests that patch or read one of their globals
+    "_estimate": "",
+    "_report": "",
+    "_spectra": "",
+    # the analysis' pieces
+    "as_token_exponent": "._token_exponents",
+    "equation_of": "._common",
+    "leading_spectra": "._spectra",
+    "_solve_all": "._report",
+    "_solve_all_program": "._report",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module:
+        value = getattr(_importlib.import_module(module, "itde.analysis"), name)
+    else:
+        value = _importlib.import_module(f".{name}", "itde.analysis")
+    return value  # looked up on every use: a test's patch of the module is seen here
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = list(_EXPORTS)
