@@ -213,14 +213,15 @@ class _AbstractNormAfter(_AbstractNormInside):
     the gain), a map inside the vector field, not a constraint on the state: the state
     itself is never normalised, so the equation is an ODE with no constraint set
     (`has_constraint` False). Lie splitting with Euler sub-steps and $\Delta t = 1$ is the
-    block; its continuum limit is the same field at any step, so every solver that takes
-    [`PreNorm`][itde.PreNorm] takes it (Lie and Strang splittings, any diffrax solver,
-    explicit Runge-Kutta through the key/value cache), smooth controls
-    (`LegendreControls.from_layers`) fit its norms as any other part, and
+    block (and the key/value cache steps it as the pre-norm block); its continuum limit is
+    the same field at any step, so the solvers that take [`PreNorm`][itde.PreNorm] take it
+    (Strang splitting and wrapped diffrax solvers such as Heun are checked), smooth
+    controls (`LegendreControls.from_layers`) fit its norms as any other part, and
     [`continuum_form`][itde.TransformerIDE.continuum_form] returns the model unchanged
     (it is its own continuum form: its norms are not projections of the state, so there
-    is no change of variables to make). PyTorch's `nn.TransformerEncoderLayer` has no
-    such layer (`itde.to_torch` refuses it by name)."""
+    is no change of variables to make). A per-layer window (`Block.window`) has no smooth
+    form and is refused under smooth controls. PyTorch's `nn.TransformerEncoderLayer` has
+    no such layer (`itde.to_torch` refuses it by name)."""
 
     def paper_flows(self, eq):
         return _two_fields(eq)

@@ -155,3 +155,28 @@ def test_a_set_field_olmo2_does_not_convert_is_refused_by_name():
     model.config.sliding_window = 4
     with pytest.raises(ValueError, match=r"`config\.sliding_window`=4.*Olmo2Family"):
         itde.from_hf(model)
+
+
+@pytest.mark.parametrize("form", ["output_norm", "sandwich_norm"])
+def test_norm_after_forms_are_their_own_continuum_and_take_the_solvers(form):
+    """A model of either form from `TransformerIDE.init` (its output norms built): Lie with
+    one step per layer is the model's own forward, `continuum_form` returns it unchanged,
+    and Strang (one form) or Heun (the other) integrates it at half a layer (finite, the
+    same shape); smooth controls fit through its layers."""
+    import diffrax
+
+    from itde_solvers import LieTrotter, Strang
+
+    m = itde.TransformerIDE.init(
+        jax.random.key(0), n_layers=2, n_features=8, n_heads=2, block=form, norm="rms",
+        causal=True, dtype=jnp.float64,
+    )  # fmt: skip
+    assert m.continuum_form() is m
+    u = jax.random.normal(jax.random.key(1), (5, 8), jnp.float64)
+    lie = itde.solve(m, u, solver=LieTrotter(), dt0=1.0).ys[-1]
+    np.testing.assert_allclose(np.asarray(lie), np.asarray(m(u)), rtol=0, atol=1e-14)
+    solver = Strang() if form == "output_norm" else diffrax.Heun()
+    out = itde.solve(m, u, solver=solver, dt0=0.5).ys[-1]
+    assert out.shape == u.shape and bool(jnp.all(jnp.isfinite(out)))
+    smooth = itde.LegendreControls.from_layers(m, 2)
+    assert itde.TransformerIDE(smooth, m.grid, causal=True, block=m.block).block == m.block

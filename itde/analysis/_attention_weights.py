@@ -63,7 +63,8 @@ def attention_weights(
     the dense core's pair terms and normalisation, and returns the weights instead of
     applying them to the values. So $\sum_p \gamma_m(x_k, x_p) V_m(x_p) W^O_m$, summed over
     the heads, plus the output bias, is the attention field (the tests check this against
-    `attention_field` for every option).
+    `attention_field` for every option), before the output norm of a block that normalises
+    the sublayer's output ([`SandwichNorm`][itde.SandwichNorm], [`OutputNorm`][itde.OutputNorm]).
 
     **Arguments:**
 

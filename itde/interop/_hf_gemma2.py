@@ -230,8 +230,11 @@ def convert_gemma(family, model, name, *, rope=None, layer_ropes=None, qk_norm=N
         token_type_embeddings=None,
         embedding_norm=None,
         equation=g.equation(
-            blocks, causal=True, block=SandwichNorm(),
-            final_norm=g.rms_norm(model.norm, 1.0), rope=rope,
+            blocks,
+            causal=True,
+            block=SandwichNorm(),
+            final_norm=g.rms_norm(model.norm, 1.0),
+            rope=rope,
         ),  # fmt: skip
         positions=NoPositions(),
         source=name,

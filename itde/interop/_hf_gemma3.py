@@ -155,4 +155,3 @@ def _rotary_float64(original):
         return emb.cos() * scale, emb.sin() * scale
 
     return forward
-

@@ -57,8 +57,16 @@ class Olmo2Family(AbstractHFFamily):
             qk = g.qk_norm(JointQKNorm, at.q_norm, at.k_norm)
             blocks.append(
                 Block(
-                    g.attention(at.q_proj, at.k_proj, at.v_proj, at.o_proj, h, hkv,
-                                q_scale(at, head_dim), qk),  # fmt: skip
+                    g.attention(
+                        at.q_proj,
+                        at.k_proj,
+                        at.v_proj,
+                        at.o_proj,
+                        h,
+                        hkv,
+                        q_scale(at, head_dim),
+                        qk,
+                    ),  # fmt: skip
                     g.rms_norm(layer.post_attention_layernorm),
                     g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act),
                     g.rms_norm(layer.post_feedforward_layernorm),
@@ -70,7 +78,10 @@ class Olmo2Family(AbstractHFFamily):
             token_type_embeddings=None,
             embedding_norm=None,
             equation=g.equation(
-                blocks, causal=True, block=OutputNorm(), final_norm=g.rms_norm(model.norm),
+                blocks,
+                causal=True,
+                block=OutputNorm(),
+                final_norm=g.rms_norm(model.norm),
                 rope=rope,
             ),  # fmt: skip
             positions=NoPositions(),
