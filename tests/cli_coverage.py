@@ -73,7 +73,7 @@ def command_key(args: argparse.Namespace) -> str:
 def expected_keys() -> set[str]:
     """Every command key of the parser and the registries, and the README's blocks."""
     import itde.train
-    from itde.cli._main import build_parser
+    from itde.cli._internal import build_parser
 
     keys = set(README_KEYS)
     for name, p in _subparsers(build_parser()).items():
@@ -125,7 +125,7 @@ def readme_commands(readme: Path = ROOT / "README.md") -> list[tuple[int, str]]:
     """`(line, command)` for every `itde ...` command of the README: in its `bash` blocks,
     and in inline code that is a whole command (it parses; `DIR` and `FILE` stand for a
     path; `--help` and fragments such as `itde eval --dt` are left out)."""
-    from itde.cli._main import build_parser
+    from itde.cli._internal import build_parser
 
     text = readme.read_text()
     out = []
@@ -150,7 +150,7 @@ def readme_commands(readme: Path = ROOT / "README.md") -> list[tuple[int, str]]:
 
 def key_of_command(cmd: str) -> str:
     """The key of a command line as the README writes it (paths relative to the root)."""
-    from itde.cli._main import build_parser
+    from itde.cli._internal import build_parser
 
     argv = shlex.split(cmd)[1:]
     args = build_parser().parse_args(argv)
@@ -162,7 +162,7 @@ def key_of_command(cmd: str) -> str:
 def start_recording() -> None:
     """Record every command `itde.cli.main` completes with status 0 into `RAN` (once per
     process; `main` builds its parser through the module attribute patched here)."""
-    import itde.cli._main as cli_main
+    from itde.cli._internal import _main as cli_main
 
     if getattr(cli_main.build_parser, "_records", False):
         return

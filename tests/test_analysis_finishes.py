@@ -26,7 +26,7 @@ import pytest
 import itde
 from itde.analysis import analyze, token_lyapunov_exponents
 from itde.cli import main
-from itde.cli._analyze import _config_problem, _solver
+from itde.cli._internal import _config_problem, _solver
 
 N, D, L, B = 5, 6, 2, 2  # tokens, features, layers, inputs (the exponents: the first's)
 

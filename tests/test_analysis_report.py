@@ -15,7 +15,7 @@ from test_analysis_finishes import SOLVE, B, D, L, N, layer_jacobians
 import itde
 from itde.analysis import analyze, report_depths
 from itde.cli import main
-from itde.cli._analyze import _config_problem, _solver
+from itde.cli._internal import _config_problem, _solver
 
 
 @pytest.fixture(scope="module")

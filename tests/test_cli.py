@@ -13,7 +13,7 @@ import pytest
 import itde
 from itde._internal import _config
 from itde.cli import main
-from itde.cli._solve_config import SolveExperiment
+from itde.cli._internal import SolveExperiment
 from itde.studies._internal import ConvergeExperiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +246,7 @@ def test_shipped_convergence_config_is_the_default():
 def test_ctrl_c_anywhere_is_one_line_and_status_130(monkeypatch, capsys):
     """SIGINT during `itde sample`'s compilation printed a traceback: any command interrupted
     outside its own handling exits 130 with one line."""
-    import itde.cli._main as cli_main
+    from itde.cli._internal import _main as cli_main
 
     def compiling(args):  # Ctrl-C while the sampler compiles
         raise KeyboardInterrupt

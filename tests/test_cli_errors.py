@@ -204,7 +204,7 @@ def test_a_missing_package_is_one_line_and_a_missing_itde_module_a_traceback(mon
     import argparse
     import sys
 
-    import itde.cli._main as cli_main
+    from itde.cli._internal import _main as cli_main
 
     def command(args):
         if args.checkpoint == "itde":

@@ -15,8 +15,7 @@ import pytest
 
 from itde._internal import _config
 from itde.cli import main
-from itde.cli._main import build_parser
-from itde.cli._solve_config import SolveExperiment
+from itde.cli._internal import SolveExperiment, build_parser
 from itde.train import TrainExperiment, load_config
 
 SORT = """

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import itde
-from itde.cli._main import build_parser
+from itde.cli._internal import build_parser
 
 COMMANDS = ("solve", "converge", "analyze", "train", "eval", "sample")
 
@@ -131,7 +131,7 @@ def test_eval_solver_is_a_deprecated_alias_of_scheme(capsys):
     """`itde eval --solver` (its name before `--scheme`, which every other command
     uses) still works for one release: the same value, a one-line note on stderr, and
     out of the help and the reference page."""
-    from itde.cli._reference import reference_markdown
+    from itde.cli._internal import reference_markdown
 
     eval_ = _subparsers(build_parser())["eval"]
     for scheme in itde.SCHEMES:

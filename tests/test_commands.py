@@ -56,7 +56,7 @@ def test_enumeration_sees_new_commands_and_slow_only_runs(tmp_path, monkeypatch)
     test (on a copy of the tests with a fake subcommand and marks)."""
     import argparse
 
-    import itde.cli._main as cli_main
+    from itde.cli._internal import _main as cli_main
 
     build = cli_main.build_parser
 

@@ -163,7 +163,7 @@ def test_cli_page_lists_every_command_option_and_file(site):
     each, and every file a command says it writes appear on it."""
     import argparse
 
-    from itde.cli import _main
+    from itde.cli._internal import _main
 
     page = html.unescape(_page(site, "api/cli"))
     parser = _main.build_parser()

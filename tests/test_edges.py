@@ -66,7 +66,7 @@ def test_float64_models_convert_with_x64():
 def test_config_keys_that_do_not_fit_are_named(tmp_path):
     from itde import ConfigError
     from itde._internal import from_dict
-    from itde.cli._solve_config import SolveExperiment
+    from itde.cli._internal import SolveExperiment
     from itde.studies._internal import ConvergeExperiment
 
     with pytest.raises(ConfigError, match=r"`model.n_features`=32 does not fit "

@@ -253,7 +253,7 @@ def test_resume_across_a_switch_is_bitwise(full_run, tmp_path, stop_at):
 def test_eval_at_a_coarser_step(full_run, capsys):
     """`itde eval --dt 2` on a per-layer checkpoint: the even layers at twice the step,
     the loss of the model the public constructor builds from them."""
-    from itde.cli._main import main
+    from itde.cli import main
 
     result, out = full_run
     assert main(["eval", "--checkpoint", str(out), "--dt", "2"]) == 0
@@ -273,7 +273,7 @@ def test_eval_at_a_coarser_step(full_run, capsys):
 def test_the_config_file_runs_as_the_readme_says(full_run, tmp_path):
     """`itde train --config configs/multilevel.toml` (tiny `--set`s) is the fixture's run:
     the same losses, bit for bit."""
-    from itde.cli._main import main
+    from itde.cli import main
 
     out = tmp_path / "cli"
     assert main(["train", "--config", str(CONFIG), "--out", str(out), "--no-progress",

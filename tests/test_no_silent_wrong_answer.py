@@ -14,7 +14,7 @@ import torch
 import itde
 import itde.cli
 from itde._internal import _config
-from itde.cli._solve_config import SolveExperiment
+from itde.cli._internal import SolveExperiment
 from itde.studies._internal import ConvergeExperiment
 
 KEY = jax.random.PRNGKey(0)

@@ -53,7 +53,7 @@ def _commands(code):
 
 def test_every_block_is_python_bash_or_layout_and_parses():
     assert {lg for lg, _, _ in BLOCKS} == {"python", "bash", "text"}, BLOCKS
-    from itde.cli._main import build_parser
+    from itde.cli._internal import build_parser
 
     for code, line in _blocks("python"):
         compile(code, f"README.md:{line}", "exec")

@@ -1,0 +1,44 @@
+"""The project's own door into `itde.cli`'s private modules, for its tests and its benchmarks:
+what they need of `itde.cli` that is not public is reached here, and nowhere else
+(tests/test_private_boundary.py checks it).
+
+No stability promise: a name here may change or go with any commit. Users import from
+`itde.cli`. This module only re-exports: each name is read from the module that defines it,
+on each use; a name that is a module is that module itself, for the tests that patch one of
+its globals.
+"""
+
+import importlib as _importlib
+
+#: name -> the module (relative to `itde.cli`) that defines it; a name mapped to "" is the
+#: module `itde.cli.<name>` itself.
+_EXPORTS = {
+    # modules, for the tests that patch one of their globals
+    "_main": "",
+    "_model_study": "",
+    # the parser, its reference page and the configs' readers
+    "SolveExperiment": "._solve_config",
+    "build_parser": "._main",
+    "reference_markdown": "._reference",
+    "_config_problem": "._analyze",
+    "_hf_problem": "._model_study",
+    "_solver": "._analyze",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module:
+        value = getattr(_importlib.import_module(module, "itde.cli"), name)
+    else:
+        value = _importlib.import_module(f".{name}", "itde.cli")
+    return value  # looked up on every use: a test's patch of the module is seen here
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = list(_EXPORTS)
