@@ -52,7 +52,7 @@ EXPECTED = {
     "roberta-base": None, "smollm2-135m": None, "smollm2-135m-instruct": None,
     "smollm2-360m": None, "t5-small": None, "vit-base-patch16-224-in21k": None,
     "mixtral-8x7b-v0.1": None, "qwen1.5-moe-a2.7b": None,
-    "olmoe-1b-7b-0924": None,
+    "olmoe-1b-7b-0924": None, "qwen3-30b-a3b": None,
 }  # fmt: skip
 
 # Fields of these files that no transformers code defines or reads: the metadata the
@@ -64,6 +64,7 @@ METADATA = {
     "gpt2": {"n_ctx"},
     "distilgpt2": {"n_ctx", "_num_labels"},
     "qwen2.5-0.5b": {"use_mrope"},
+    "qwen3-30b-a3b": {"max_window_layers"},
     "t5-small": {"output_past"},
     "distilbert-base-uncased": {"tie_weights_"},
 }

@@ -32,6 +32,7 @@ from ._hf_phi3 import Phi3Family
 from ._hf_qwen2 import Qwen2Family
 from ._hf_qwen2_moe import Qwen2MoeFamily
 from ._hf_qwen3 import Qwen3Family
+from ._hf_qwen3_moe import Qwen3MoeFamily
 from ._hf_t5 import T5EncoderFamily
 from ._hf_vit import ViTFamily
 from ._torch import _torch, check_x64
@@ -63,6 +64,8 @@ for _family in (
     CausalLMFamily("Olmo2ForCausalLM", Olmo2Family(), base="model", head="lm_head"),
     OlmoeFamily(),
     CausalLMFamily("OlmoeForCausalLM", OlmoeFamily(), base="model", head="lm_head"),
+    Qwen3MoeFamily(),
+    CausalLMFamily("Qwen3MoeForCausalLM", Qwen3MoeFamily(), base="model", head="lm_head"),
     Gemma3TextFamily(),
     CausalLMFamily("Gemma3ForCausalLM", Gemma3TextFamily(), base="model", head="lm_head",
                    logit_cap=True),

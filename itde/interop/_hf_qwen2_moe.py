@@ -43,6 +43,49 @@ def _sparse(layer) -> bool:
     return hasattr(layer.mlp, "experts")
 
 
+def check_sparse_layers(model, example: str) -> None:
+    """Refuse a model whose layers are of both kinds, sparse mixtures and dense
+    feed-forwards (`mlp_only_layers`, `decoder_sparse_step`; Qwen2-MoE, Qwen3-MoE), read
+    off the layers `transformers` built; `example` names a checkpoint whose layers are all
+    sparse."""
+    config = model.config
+    sparse = [_sparse(layer) for layer in model.layers]
+    if any(sparse) and not all(sparse):
+        dense = [i for i, s in enumerate(sparse) if not s]
+        raise ValueError(
+            f"`config.mlp_only_layers`={config.mlp_only_layers!r} with "
+            f"`config.decoder_sparse_step`={config.decoder_sparse_step!r} is not supported: "
+            f"they make layers {dense} dense and the others sparse mixtures of experts, and "
+            "the converted equation stacks one layer structure in depth (one compiled layer "
+            "step). Convert a model whose layers are all sparse (mlp_only_layers=[], "
+            f"decoder_sparse_step=1, as {example}) or all dense (num_experts=0)."
+        )
+
+
+def sparse_or_dense(config):
+    """A layer's feed-forward, `feedforward(layer, activation)`: its mixture of experts
+    (`num_experts_per_tok` per token, renormalised with `norm_topk_prob`) where the layer
+    is sparse, its gated `mlp` where it is dense."""
+    k, norm = config.num_experts_per_tok, bool(config.norm_topk_prob)
+
+    def feedforward(layer, act):
+        mlp = layer.mlp
+        if _sparse(layer):
+            return moe.mixture(mlp, act, k, renormalise=norm)
+        return g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
+
+    return feedforward
+
+
+def put_sparse_or_dense(ff, layer) -> None:
+    """Write a layer's feed-forward back (the inverse of `sparse_or_dense`)."""
+    mlp = layer.mlp
+    if _sparse(layer):
+        moe.put_mixture(ff, mlp)
+    else:
+        g.put_gated_feedforward(ff, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
 class Qwen2MoeFamily(AbstractLlamaLike):
     """`Qwen2MoeModel`: Qwen2's attention (q/k/v biases with `qkv_bias`, grouped-query,
     `layer_types` all full or all sliding) and in every layer a mixture of `num_experts`
@@ -59,17 +102,7 @@ class Qwen2MoeFamily(AbstractLlamaLike):
         config = model.config
         causal_checks(config)
         check_layer_types(config, "Qwen2-MoE")
-        sparse = [_sparse(layer) for layer in model.layers]
-        if any(sparse) and not all(sparse):
-            dense = [i for i, s in enumerate(sparse) if not s]
-            raise ValueError(
-                f"`config.mlp_only_layers`={config.mlp_only_layers!r} with "
-                f"`config.decoder_sparse_step`={config.decoder_sparse_step!r} is not supported: "
-                f"they make layers {dense} dense and the others sparse mixtures of experts, and "
-                "the converted equation stacks one layer structure in depth (one compiled layer "
-                "step). Convert a model whose layers are all sparse (mlp_only_layers=[], "
-                "decoder_sparse_step=1, as Qwen1.5-MoE) or all dense (num_experts=0)."
-            )
+        check_sparse_layers(model, "Qwen1.5-MoE")
 
     def window(self, config):
         """Qwen2's window (see `Qwen2Family.window`)."""
@@ -77,24 +110,9 @@ class Qwen2MoeFamily(AbstractLlamaLike):
 
     def convert(self, model, name):
         config = model.config
-        k, norm = config.num_experts_per_tok, bool(config.norm_topk_prob)
-
-        def feedforward(layer, act):
-            mlp = layer.mlp
-            if _sparse(layer):
-                return moe.mixture(mlp, act, k, renormalise=norm)
-            return g.gated_feedforward(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
-
         return convert_llama_like(
-            self, model, name, window=self.window(config), feedforward=feedforward
+            self, model, name, window=self.window(config), feedforward=sparse_or_dense(config)
         )
 
     def write(self, m, model):
-        def put(ff, layer):
-            mlp = layer.mlp
-            if _sparse(layer):
-                moe.put_mixture(ff, mlp)
-            else:
-                g.put_gated_feedforward(ff, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-
-        write_llama_like(m, model, put_feedforward=put)
+        write_llama_like(m, model, put_feedforward=put_sparse_or_dense)
