@@ -100,7 +100,7 @@ from itde.train import (
     make_schedule,
     make_step,
 )
-from itde.train._model import _output, cross_entropy, integrate
+from itde.train._internal import _output, cross_entropy, integrate
 
 FULL = dict(n_layers=4, n_heads=4, width=128, context=64, batch=12, steps=2000, eval_every=250,
             eval_windows=240, chunk=50, warmup=100, calibrate=10, rounds=4, refine=8)  # fmt: skip

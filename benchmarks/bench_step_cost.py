@@ -45,7 +45,7 @@ import itde_solvers as solvers
 from itde import SCHEMES
 from itde._internal import _solve
 from itde.train import make_optimizer, make_step
-from itde.train._model import _output
+from itde.train._internal import _output
 
 FULL = dict(n_layers=4, n_heads=4, width=128, context=64, batch=12, vocab=84)
 TINY = dict(n_layers=2, n_heads=2, width=16, context=8, batch=2, vocab=11)

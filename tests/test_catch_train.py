@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import itde
 from itde._internal import kernel
 from itde.train import OptimConfig, make_optimizer
-from itde.train._model import cross_entropy
+from itde.train._internal import cross_entropy
 
 
 def test_cross_entropy_is_torchs_mean_over_every_position():

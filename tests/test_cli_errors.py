@@ -106,7 +106,7 @@ def test_export_hf_dir_into_a_file_names_out(tmp_path):
 def test_export_writes_into_a_named_directory(tmp_path):
     """`export` (what `export_hf_dir` and a completed fine-tuning run call) names its `out`
     before it reads the model."""
-    from itde.train._finetune import export
+    from itde.train._internal import export
 
     blocker = tmp_path / "hf"
     blocker.write_text("x")

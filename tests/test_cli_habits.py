@@ -386,7 +386,7 @@ def test_training_clock_restart_writes_no_extra_line():
     """The train loop restarts the bar's clock after the first step (it compiled): in a log
     that is no second line for that step."""
     from itde._internal import progress_bar
-    from itde.train._loop import restart_clock
+    from itde.train._internal import restart_clock
 
     buf = io.StringIO()
     bar = progress_bar(4, "itde train", file=buf)

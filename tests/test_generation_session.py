@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import itde
 from itde.train import TrainExperiment, from_dict, sample_stream
-from itde.train._model import init_token_model
+from itde.train._internal import init_token_model
 
 VOCAB = 40
 COMMON = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=2, eos_token_id=3)

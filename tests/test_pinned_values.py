@@ -83,7 +83,7 @@ def test_memory_estimate_counts_the_depth_steps_of_dt(dt, depth_steps):
     `optim.accumulate` = 2 micro-batches of 4, 6 tokens, width 9, 3 heads, hidden 10:
     states 4 * 6 * (4 * 9 + 2 * 10) per depth step, scores 3 * 4 * 3 * 6 * 6, 4 bytes."""
     from itde.train import ConfigError
-    from itde.train._budget import check_fits, step_bytes
+    from itde.train._internal import check_fits, step_bytes
 
     table = {
         "task": {"name": "sort", "length": 6, "vocab": 7},
@@ -139,7 +139,7 @@ def test_tied_model_starts_its_embeddings_at_the_documented_scale():
     0.036, GPT-2's 0.02 in order of magnitude); untied, with standard deviation 1. Width
     16 (1/sqrt(d) = 0.25), 2048 position entries: the sample std is within 5 sigma
     (5 x 1.6 %) of the value, far from 1 or 1/d."""
-    from itde.train._model import init_token_model
+    from itde.train._internal import init_token_model
 
     base = {"n_layers": 1, "n_features": 16, "n_heads": 2, "n_hidden": 8, "block": "pre_norm"}
     for tied, want in ((True, 0.25), (False, 1.0)):
@@ -258,7 +258,7 @@ def test_sampling_draws_from_the_softmax_at_the_temperature():
     for the last `context` tokens (the window slides once full), read on the unpadded
     prefix (the causal model cannot see the library's right padding)."""
     from itde.train import sample
-    from itde.train._model import init_token_model
+    from itde.train._internal import init_token_model
 
     itos = "abcdefg"
     cfg = from_dict(TrainExperiment, {"task": {"name": "charlm", "context": 5},

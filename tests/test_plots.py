@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 from itde._internal import figure_trajectory  # noqa: E402
 from itde.studies._internal import figure_study  # noqa: E402
 from itde.train import TASKS  # noqa: E402
-from itde.train._plot import figure_metrics  # noqa: E402
+from itde.train._internal import figure_metrics  # noqa: E402
 
 PRIVATE = re.compile(r"\bitde(?:_solvers)?(?:\.\w+)*\._[a-z]\w*")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import equinox as eqx
 from itde.cli import main
-from itde.train._checkpoint import SHARDED
+from itde.train._internal import SHARDED
 devices, out, train = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "train"
 assert jax.device_count() == devices, jax.devices()
 if train:

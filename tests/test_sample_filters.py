@@ -38,7 +38,7 @@ from itde.train import (
     sample_stream,
     warp_logits,
 )
-from itde.train import _sample as sampler
+from itde.train._internal import _sample as sampler
 
 REPLACEMENT = "\ufffd"
 

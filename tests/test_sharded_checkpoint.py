@@ -37,7 +37,7 @@ COMMON = textwrap.dedent(
     import jax, numpy as np, equinox as eqx
     assert len(jax.devices()) == 8, jax.devices()
     from itde.train import Run, TrainExperiment, from_dict, load, train
-    from itde.train._sharding import fsdp_sharding, to_host
+    from itde.train._internal import fsdp_sharding, to_host
 
     TABLE = {
         "task": {"name": "sort", "length": 8, "vocab": 16, "eval_size": 16},
@@ -68,7 +68,7 @@ COMMON = textwrap.dedent(
 DEFAULT = COMMON + textwrap.dedent(
     """
     from itde.train import CheckpointError, load_checkpoint
-    from itde.train._loop import _save
+    from itde.train._internal import _save
     from itde.cli import main
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()

@@ -113,7 +113,7 @@ def _eta_after_first_steps(monkeypatch, restart: bool) -> tuple[float, str]:
 
     import tqdm.std
 
-    from itde.train._loop import restart_clock
+    from itde.train._internal import restart_clock
 
     now = [0.0]
     monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
@@ -161,7 +161,7 @@ def test_version_flag_prints_the_version(capsys):
 def test_sampling_temperature_must_be_finite_and_non_negative(t):
     from types import SimpleNamespace
 
-    from itde.train._sample import _check
+    from itde.train._internal import _check
 
     causal = SimpleNamespace(equation=SimpleNamespace(causal=True))
     with pytest.raises(ValueError, match=r"`--temperature`=.* must be a finite number >= 0"):

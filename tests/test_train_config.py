@@ -195,7 +195,7 @@ def test_configs_that_cannot_run_are_refused_before_any_work(table, said):
 
 
 def test_memory_estimate_scales_with_what_it_names():
-    from itde.train._budget import check_fits, eval_set_bytes, step_bytes
+    from itde.train._internal import check_fits, eval_set_bytes, step_bytes
 
     cfg = from_dict(TrainExperiment, {"task": {"name": "sort"}})
     assert eval_set_bytes(10, 4, 8) == 4 * 2 * 12 * 8  # rounded up to whole batches
@@ -290,7 +290,7 @@ def test_continuous_pre_norm_model_with_a_final_norm():
     import numpy as np
 
     import itde
-    from itde.train._model import init_token_model
+    from itde.train._internal import init_token_model
 
     cfg = from_dict(TrainExperiment, table)
     model = init_token_model(jax.random.key(0), cfg.model, vocab=11, context=6, causal=True)

@@ -17,7 +17,7 @@ import pytest
 import itde
 from itde.analysis._internal import equation_of
 from itde.train import ModelConfig, load
-from itde.train._model import init_field_model, init_token_model
+from itde.train._internal import init_field_model, init_token_model
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "checkpoint_model_ide"
 SMALL = ModelConfig(n_layers=1, n_features=4, n_heads=1, n_hidden=4)

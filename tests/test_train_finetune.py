@@ -174,7 +174,7 @@ def test_smooth_controls_from_the_layers_start_at_the_network(cfg, gpt2_dir):
     np.testing.assert_allclose(PREDICT(with_depth(model, "lie", 1.0), x), want, **TOL)
     # a smooth model has no layers to write back
     from itde.train import lm_from_token_model
-    from itde.train._init import HFInit
+    from itde.train._internal import HFInit
 
     with pytest.raises(ValueError, match="smooth in depth"):
         lm_from_token_model(model, HFInit(gpt2_dir).lm())
@@ -182,7 +182,7 @@ def test_smooth_controls_from_the_layers_start_at_the_network(cfg, gpt2_dir):
 
 def test_a_changed_directory_is_refused_on_resume(cfg, gpt2_dir, tmp_path):
     """The checkpoint records the SHA-256 of the directory's files."""
-    from itde.train import _checkpoint as ckpt
+    from itde.train._internal import _checkpoint as ckpt
 
     copy = tmp_path / "model"
     shutil.copytree(gpt2_dir, copy)
@@ -237,7 +237,7 @@ def test_export_hf_dir_refuses_a_run_it_cannot_write_back(gpt2_dir, tmp_path, mo
     """`export_hf_dir` says why a run's model has no Hugging Face class to be written into,
     naming the run's directory, before it reads the source model (the same decision that
     keeps a completed run from writing OUT/hf: `export_refusal`)."""
-    from itde.train import _checkpoint as ckpt
+    from itde.train._internal import _checkpoint as ckpt
 
     if model is None:  # from scratch: a tiny sort model
         table = {"model": {"n_layers": 1, "n_features": 4, "n_heads": 1, "n_hidden": 4},
@@ -303,7 +303,7 @@ def test_the_model_directory_is_read_without_a_deprecated_argument(gpt2_dir):
 
     from transformers.utils import logging as hf_logging
 
-    from itde.train._init import HFInit, _converted, _stamp
+    from itde.train._internal import HFInit, _converted, _stamp
 
     logging.Logger.warning_once.cache_clear()  # transformers' lru_cache of said warnings
     records = []
@@ -330,7 +330,7 @@ def test_a_run_from_a_relative_directory_loads_from_any_folder(gpt2_dir, tmp_pat
     held the paths as given; it still loads, from the folder it was trained in and from
     elsewhere (the folders above the run directory, the one whose files have the recorded
     SHA-256: not a changed copy of the same name in the working directory)."""
-    from itde.train import _checkpoint as ckpt
+    from itde.train._internal import _checkpoint as ckpt
 
     home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     shutil.copytree(gpt2_dir, home / "base")

@@ -74,12 +74,12 @@ WORKER = textwrap.dedent(
     from itde.train import train
     stamp("imported")
     cfg = from_dict(TrainExperiment, a["config"]) if a["config"] else None
-    from itde.train._sharding import to_host  # whole arrays (a collective if sharded)
+    from itde.train._internal import to_host  # whole arrays (a collective if sharded)
     leaves = lambda tree: jax.tree.leaves(to_host(eqx.filter(tree, eqx.is_array)))
     if a["mode"] == "shards":  # no training: both write their shards to one directory
         from jax.experimental.multihost_utils import sync_global_devices
         from itde.train import Run
-        from itde.train._loop import _save
+        from itde.train._internal import _save
         run = Run(cfg)
         model, opt = run.init_state()
         model = jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, model)

@@ -247,7 +247,7 @@ def test_load_refuses_what_is_not_a_run_directory(trained, tmp_path):
 def test_layout_keys_may_change_on_resume(trained):
     """`[optim] accumulate` and `[parallel] fsdp` change how a step is computed, not which:
     a run may resume with other values (on a machine with fewer devices or less memory)."""
-    from itde.train._loop import config_for_resume
+    from itde.train._internal import config_for_resume
 
     _, out = trained
     table = {**TINY, "optim": {**TINY["optim"], "accumulate": 2}, "parallel": {"fsdp": 2}}

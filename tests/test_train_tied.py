@@ -72,7 +72,7 @@ def test_tied_model_has_vocab_times_width_plus_one_fewer_parameters(tied_run):
     # weight decay still covers the embedding (its role is a kernel, as before), and the
     # optimiser's decay mask has no readout to decay
     assert itde.parameter_roles(tied).embedding == "decay"
-    from itde.train._optim import _decay_mask
+    from itde.train._internal import _decay_mask
 
     mask = _decay_mask(eqx.filter(tied, eqx.is_inexact_array))
     assert mask.embedding is True and mask.readout is None and mask.readout_bias is None
@@ -156,8 +156,8 @@ def test_untied_checkpoint_of_the_earlier_layout_still_loads(tmp_path):
     untied, and may be resumed with its config given again."""
     import json
 
-    from itde.train import _checkpoint as ckpt
-    from itde.train._loop import config_for_resume
+    from itde.train._internal import _checkpoint as ckpt
+    from itde.train._internal import config_for_resume
 
     table = {**TABLE, "model": {k: v for k, v in TABLE["model"].items() if k != "tie_embeddings"}}
     cfg = from_dict(TrainExperiment, table)

@@ -31,8 +31,8 @@ def _load_config(path, overrides=(), resume=None):
         if not overrides:
             return None, source
         from .._internal import override
-        from ..train._checkpoint import read_meta
-        from ..train._config import RENAMED
+        from ..train import read_checkpoint_meta as read_meta
+        from ..train._internal import RENAMED
 
         source = described(source, overrides)
         table = override(TrainExperiment, read_meta(resume)["config"], overrides, RENAMED)
@@ -93,7 +93,7 @@ def _restore(directory, spread: bool = False):
     mesh, the most whose number divides the batch size, where the held-out batches are
     split (the model and the batches on the same devices)."""
     from ..train import TASKS, Run
-    from ..train._load import batch_devices, read_run
+    from ..train._internal import batch_devices, read_run
 
     model, cfg, meta = read_run(directory, "--checkpoint", spread=spread)
     task = TASKS[cfg.task.name].from_checkpoint(cfg.task, meta.get("task", {}))
@@ -146,7 +146,7 @@ def cmd_eval(args) -> int:
             file=sys.stderr,
         )
     task = run.task if args.grid is None else run.task.on_grid(args.grid, name="--grid")
-    from ..train._budget import check_fits
+    from ..train._internal import check_fits
 
     key = type(task).tokens_key
     check_fits(
@@ -188,7 +188,7 @@ def cmd_sample(args) -> int:
             "1 = the model's own distribution)."
         )
     from .._internal import check_filters, check_filters_sample
-    from ..train._sample import FILTER_NAMES
+    from ..train._internal import FILTER_NAMES
 
     check_filters(args.top_k, args.top_p, FILTER_NAMES)  # said before the checkpoint is read
     check_filters_sample(args.temperature, args.top_k, args.top_p, (*FILTER_NAMES, "--temperature"))
