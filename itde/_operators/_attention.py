@@ -14,6 +14,7 @@ from .._random import uniform
 from .._roles import kernel
 from ._abstract import AbstractAttention
 from ._cores import AbstractAttentionCore, Dense
+from ._feature_weights import check_width, weighted
 from ._mask import key_mask as _key_mask
 from ._precision import contract
 from ._qknorm import AbstractQueryKeyNorm
@@ -24,13 +25,6 @@ from ._window import TokenBand
 #: The most rows (tokens) for which attention reads each projection weight in its own
 #: layout (see `Attention._qkv`).
 FEW_ROWS = 8
-
-
-def _weighted(u, weights):
-    """Multiply the last axis by quadrature weights (skipped for the unit grid)."""
-    if weights is None:
-        return u
-    return u * jnp.asarray(weights, dtype=u.dtype)
 
 
 class Attention(AbstractAttention):
@@ -134,7 +128,7 @@ class Attention(AbstractAttention):
         wq, wk, wv = (scale[None, :, None] * w for w in (self.wq, self.wk, self.wv))
         bq, bk, bv = self.bq, self.bk, self.bv
         if shift is not None:
-            sw = _weighted(shift, feature_weights)
+            sw = weighted(shift, feature_weights)
 
             def fold(b, w):
                 folded = jnp.einsum("d,hde->he", sw, w)
@@ -148,7 +142,7 @@ class Attention(AbstractAttention):
 
     def discretise(self, grid) -> tuple[Attention, None]:
         """Already discrete: `(self, None)` (unit head weights), on a grid of its width."""
-        _check_width("Attention", self.n_features, grid)
+        check_width("Attention", self.n_features, grid)
         return self, None
 
     @property
@@ -352,7 +346,7 @@ class Attention(AbstractAttention):
         ([`itde.KVCache`][itde.KVCache]) stores these rows. `fused`: this operator's
         [`fused_qkv`][itde.Attention.fused_qkv], computed once by a caller that projects
         many times."""
-        q, k, v = self._qkv(_weighted(u, feature_weights), fused)
+        q, k, v = self._qkv(weighted(u, feature_weights), fused)
         if self.qk_norm is not None:
             q, k = self.qk_norm(q, k)
         if rotary is not None:
@@ -374,7 +368,7 @@ class Attention(AbstractAttention):
             # grouped-query attention: query head m reads key/value head m // rep
             k, v = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
         head_len = self.head_dim if head_weights is None else float(np.sum(head_weights))
-        q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
+        q = weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
         if self.score_cap is not None:  # passed only when set: older cores run the rest
             pair_terms = {**pair_terms, "score_cap": self.score_cap}
         o = core(q, k, v, **pair_terms)
@@ -383,19 +377,11 @@ class Attention(AbstractAttention):
         # W^O at every call to match `o`'s head-major layout (a third of a decode step's
         # time at GPT-2's shape)
         h, n, e = o.shape
-        o = jnp.moveaxis(_weighted(o, head_weights), 0, 1).reshape(n, h * e)
+        o = jnp.moveaxis(weighted(o, head_weights), 0, 1).reshape(n, h * e)
         out = contract("nk,kd->nd", o, self.wo.reshape(h * e, self.wo.shape[-1]))
         if self.bo is not None:
             out = out + self.bo.astype(dtype)
         return out
-
-
-def _check_width(name: str, n_features: int, grid) -> None:
-    if grid.n_features != n_features:
-        raise ValueError(
-            f"`grid.n_features`={grid.n_features} does not match the discrete {name}'s "
-            f"{n_features} feature nodes; use a grid with n_features={n_features}."
-        )
 
 
 def check_heads(n_features, n_heads) -> tuple[int, int]:

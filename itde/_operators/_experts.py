@@ -48,7 +48,7 @@ from jaxtyping import Array, Float
 
 from .._roles import kernel
 from ._abstract import AbstractFeedForward
-from ._attention import _check_width, _weighted
+from ._feature_weights import check_width, weighted
 from ._feedforward import GatedFeedForward
 from ._precision import contract, wide
 
@@ -195,14 +195,14 @@ class MixtureOfExperts(AbstractFeedForward):
 
     def discretise(self, grid) -> tuple[MixtureOfExperts, None]:
         """Already discrete: `(self, None)` (unit hidden weights), on a grid of its width."""
-        _check_width("MixtureOfExperts", self.router.shape[-2], grid)
+        check_width("MixtureOfExperts", self.router.shape[-2], grid)
         return self, None
 
     def gates(
         self, u: Float[Array, "tokens features"], feature_weights: np.ndarray | None = None
     ) -> Float[Array, "tokens experts"]:
         """The routed gates $g_e(u)$ of each token (zero off its top $k$)."""
-        return self.routing.gates(contract("nd,de->ne", _weighted(u, feature_weights), self.router))
+        return self.routing.gates(contract("nd,de->ne", weighted(u, feature_weights), self.router))
 
     def __call__(
         self,
@@ -217,7 +217,7 @@ class MixtureOfExperts(AbstractFeedForward):
         if self.shared is not None:
             s = self.shared(u, feature_weights=feature_weights)
             if self.shared_gate is not None:
-                uw = _weighted(u, feature_weights)
+                uw = weighted(u, feature_weights)
                 s = jax.nn.sigmoid(contract("nd,d->n", uw, self.shared_gate))[:, None] * s
             out = out + s
         return out

@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._random import uniform
 from .._roles import kernel
 from ._abstract import AbstractFeedForward
-from ._attention import _check_width, _weighted
+from ._feature_weights import check_width, weighted
 from ._precision import contract
 
 ACTIVATIONS: dict[str, object] = {
@@ -54,7 +54,7 @@ class _AbstractDiscreteFeedForward(AbstractFeedForward):
     def with_input_affine(self, scale, shift, feature_weights=None):
         r"""`F(a \circ z + b)` as one feed-forward: $a$ scales the rows of the input
         kernels, $b$ enters their biases."""
-        sw = None if shift is None else _weighted(shift, feature_weights)
+        sw = None if shift is None else weighted(shift, feature_weights)
 
         def fold(b, w):
             if sw is None:
@@ -107,7 +107,7 @@ class FeedForward(_AbstractDiscreteFeedForward):
 
     def discretise(self, grid) -> tuple[FeedForward, None]:
         """Already discrete: `(self, None)` (unit hidden weights), on a grid of its width."""
-        _check_width("FeedForward", self.w1.shape[-2], grid)
+        check_width("FeedForward", self.w1.shape[-2], grid)
         return self, None
 
     @classmethod
@@ -142,8 +142,8 @@ class FeedForward(_AbstractDiscreteFeedForward):
         hidden_weights: np.ndarray | None = None,
     ) -> Float[Array, "tokens features"]:
         act = ACTIVATIONS[self.activation]
-        h = _linear(_weighted(u, feature_weights), self.w1, self.b1)
-        return _linear(_weighted(act(h), hidden_weights), self.w2, self.b2)  # type: ignore[operator]
+        h = _linear(weighted(u, feature_weights), self.w1, self.b1)
+        return _linear(weighted(act(h), hidden_weights), self.w2, self.b2)  # type: ignore[operator]
 
 
 class GatedFeedForward(_AbstractDiscreteFeedForward):
@@ -191,7 +191,7 @@ class GatedFeedForward(_AbstractDiscreteFeedForward):
 
     def discretise(self, grid) -> tuple[GatedFeedForward, None]:
         """Already discrete: `(self, None)` (unit hidden weights), on a grid of its width."""
-        _check_width("GatedFeedForward", self.w1.shape[-2], grid)
+        check_width("GatedFeedForward", self.w1.shape[-2], grid)
         return self, None
 
     @classmethod
@@ -228,6 +228,6 @@ class GatedFeedForward(_AbstractDiscreteFeedForward):
         hidden_weights: np.ndarray | None = None,
     ) -> Float[Array, "tokens features"]:
         act = ACTIVATIONS[self.activation]
-        uw = _weighted(u, feature_weights)
+        uw = weighted(u, feature_weights)
         z = act(_linear(uw, self.w_gate, self.b_gate)) * _linear(uw, self.w1, self.b1)  # type: ignore[operator]
-        return _linear(_weighted(z, hidden_weights), self.w2, self.b2)
+        return _linear(weighted(z, hidden_weights), self.w2, self.b2)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._operators._attention import _weighted
 from .._operators._blocked import dense_softmax_parts
+from .._operators._feature_weights import weighted
 from .._operators._mask import key_mask
 from ._common import _mask, _state, equation_of
 
@@ -95,7 +95,7 @@ def _attention_weights(eq, t, u, m):
     if rep > 1:  # grouped-query attention: query head m reads key head m // rep
         k = jnp.repeat(k, rep, axis=0)
     head_len = att.head_dim if head_weights is None else float(np.sum(head_weights))
-    q = _weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
+    q = weighted(q, head_weights) * jnp.asarray(1.0 / math.sqrt(head_len), dtype)
     lw = None if lw is None else lw.astype(dtype)
     if m is not None:
         lw = jnp.zeros((n,), dtype) if lw is None else lw
