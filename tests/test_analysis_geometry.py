@@ -29,7 +29,7 @@ import pytest
 
 import itde
 from itde import analysis as A
-from itde.interop._positions import NoPositions
+from itde.interop._internal import NoPositions
 
 RNG = np.random.default_rng(0)
 

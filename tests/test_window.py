@@ -176,8 +176,8 @@ def mistral():
 def _by_hand(model, window):
     """Mistral read as the Llama converter reads Llama (the same weights), with `window`
     as the one extra keyword of the equation."""
-    from itde.interop import _hf_glue as g
-    from itde.interop._positions import NoPositions
+    from itde.interop._internal import NoPositions
+    from itde.interop._internal import _hf_glue as g
 
     config = model.config
     h, hkv = config.num_attention_heads, config.num_key_value_heads
@@ -213,7 +213,7 @@ class _MistralFloat64:
     def __enter__(self):
         from transformers.models.mistral import modeling_mistral
 
-        from itde.interop._hf_llama import float64_patches
+        from itde.interop._internal import float64_patches
 
         self.saved = []
         for owner, attr, new in float64_patches(modeling_mistral, "Mistral"):

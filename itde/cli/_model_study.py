@@ -67,7 +67,7 @@ def _hf_problem(directory: str, text: str | None, n: int, *, continuum: bool = T
             f"`--hf`={directory!r} is not a Hugging Face model directory (no config.json in it)."
         )
     sentences = _sentences(text, n)  # a bad --text is said before the model loads
-    from ..interop._hf_files import check_safetensors
+    from ..interop._internal import check_safetensors
 
     check_safetensors(directory, "--hf")
     import jax
