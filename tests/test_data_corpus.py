@@ -13,10 +13,10 @@ from itde.data import (
     BPETokenizer,
     CharTokenizer,
     TokenCorpus,
-    _corpus,
     shakespeare_path,
     tokenizer_from_json,
 )
+from itde.data._internal import _corpus
 from itde.train import ConfigError, TextLM, TrainExperiment, from_dict, load
 
 # multi-byte characters, so that a small read size cuts characters in two

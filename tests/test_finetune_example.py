@@ -200,7 +200,7 @@ def test_the_how_to_fine_tunes_smollm2(tmp_path, monkeypatch):
     import transformers as tf
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from itde.data._tokenizers import HFTokenizer
+    from itde.data import HFTokenizer
 
     _scratch(tmp_path, monkeypatch)
     cfg = Path("configs/finetune_hf.toml")

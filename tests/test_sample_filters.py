@@ -514,7 +514,7 @@ def test_a_prompt_the_tokenizer_cannot_encode_is_named(byte_tokenizer):
     """A BPE of characters lacks a character: named. A tokenizer whose tokens do not give
     the prompt back (here one that drops what it does not know): named with what they
     decode to. A byte-level BPE encodes any prompt, multi-byte characters included."""
-    from itde.data._tokenizers import BPETokenizer, HFTokenizer
+    from itde.data import BPETokenizer, HFTokenizer
 
     bpe = BPETokenizer.train(iter(["abc abd ab"]), vocab_size=12, alphabet="abcd ")
     with pytest.raises(ValueError, match=r"outside the model's vocabulary: 'Xé'"):
