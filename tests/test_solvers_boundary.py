@@ -17,7 +17,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from itde_solvers import _diffrax_private
+from itde_solvers._internal import _diffrax_private
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "solvers"

@@ -1,0 +1,36 @@
+"""The project's own door into `itde_solvers`'s private modules, for its tests: what they need
+of `itde_solvers` that is not public is reached here, and nowhere else
+(tests/test_private_boundary.py checks it).
+
+No stability promise: a name here may change or go with any commit. Users import from
+`itde_solvers`. This module only re-exports: each name is read from the module that defines
+it, on each use; a name that is a module is that module itself, for the tests that patch one
+of its globals.
+"""
+
+import importlib as _importlib
+
+#: name -> the module (relative to `itde_solvers`) that defines it; a name mapped to "" is the
+#: module `itde_solvers.<name>` itself.
+_EXPORTS = {
+    # modules, for the tests that read their pins
+    "_diffrax_private": "",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module:
+        value = getattr(_importlib.import_module(module, "itde_solvers"), name)
+    else:
+        value = _importlib.import_module(f".{name}", "itde_solvers")
+    return value  # looked up on every use: a test's patch of the module is seen here
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = list(_EXPORTS)
