@@ -47,21 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._pair_terms import is_function, pair_block
 from ._softcap import SoftCap, check_score_cap
 from ._window import TokenBand
-
-
-def _is_function(x) -> bool:
-    return callable(x) and not isinstance(x, (jax.Array, np.ndarray))
-
-
-def _pair(x, iq, ik, dtype):
-    """The block of a pair term for query indices `iq` and key indices `ik` (or None)."""
-    if x is None:
-        return None
-    if _is_function(x):
-        return jnp.asarray(x(iq, ik)).astype(dtype)
-    return jnp.asarray(x).astype(dtype)[..., iq[:, None], ik[None, :]]
 
 
 def _safe_log(w):
@@ -71,7 +59,7 @@ def _safe_log(w):
 
 
 def _check_pair(name, x, shapes, n):
-    if x is None or _is_function(x):
+    if x is None or is_function(x):
         return
     if jnp.shape(x) not in shapes:
         raise ValueError(
@@ -139,10 +127,10 @@ def _scores(s, iq, ik, dtype, *, query_weights, score_bias, signed_weights, caus
 
     Returns `(s, w)`: the scores with $-\infty$ where a pair is excluded, and the signed
     weights to multiply the exponentials by (`None` on the logarithmic path)."""
-    b = _pair(score_bias, iq, ik, dtype)
+    b = pair_block(score_bias, iq, ik, dtype)
     if b is not None:
         s = s + (b if b.ndim == 3 else b[None])
-    w = _pair(query_weights, iq, ik, dtype)
+    w = pair_block(query_weights, iq, ik, dtype)
     if w is not None:
         if signed_weights:
             s = jnp.where(w[None] != 0, s, -jnp.inf)  # a zero weight excludes the pair

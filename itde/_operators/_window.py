@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from ._pair_terms import pair_block
+
 _ROUND_OFF = 1e-12  # relative: a node distance this close to L counts as L (outside)
 
 
@@ -232,15 +234,13 @@ class LayerWindow(eqx.Module):
         """The window on token `nodes` as a score-bias function `(query_index, key_index)
         -> [..., q, k]` ($0$ inside, $-\\infty$ outside), plus the pair term `other` (an
         equation's own score bias: an array or such a function) when given."""
-        from ._blocked import _pair
-
         x = jnp.asarray(nodes)
 
         def bias(iq, ik):
             b = jnp.where(self.admits(x[iq], x[ik]), 0.0, -jnp.inf)
             if other is None:
                 return b
-            o = _pair(other, iq, ik, b.dtype)
+            o = pair_block(other, iq, ik, b.dtype)
             return b + o
 
         return bias

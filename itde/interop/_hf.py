@@ -13,7 +13,7 @@ from typing import Any
 
 from ._hf_bert import BertFamily, DistilBertFamily
 from ._hf_export import to_hf
-from ._hf_family import AbstractHFFamily
+from ._hf_family import HF_FAMILIES, AbstractHFFamily
 from ._hf_gemma import GemmaFamily
 from ._hf_gemma2 import Gemma2Family
 from ._hf_gemma3 import Gemma3TextFamily
@@ -39,10 +39,8 @@ from ._torch import _torch, check_x64
 
 __all__ = ["HF_FAMILIES", "HFTransformer", "from_hf", "hf_float64", "to_hf"]
 
-#: The Hugging Face model classes `from_hf` converts, by class name, and their families.
-HF_FAMILIES: dict[str, AbstractHFFamily] = {}
-"""The Hugging Face model classes `from_hf` converts, by class name, and their families
-(instances of `AbstractHFFamily`)."""
+# HF_FAMILIES (defined beside AbstractHFFamily, so that a family's refusal can read it
+# without importing this module) is filled here, where every family is imported.
 for _family in (
     BertFamily(), DistilBertFamily(), GPT2Family(), LlamaFamily(), Qwen2Family(),
     MistralFamily(), GemmaFamily(), GPTNeoXFamily(), T5EncoderFamily(), ViTFamily(),

@@ -297,11 +297,15 @@ def check_weights(model) -> None:
             )
 
 
+#: The Hugging Face model classes `from_hf` converts, by class name, and their families.
+HF_FAMILIES: dict[str, AbstractHFFamily] = {}
+"""The Hugging Face model classes `from_hf` converts, by class name, and their families
+(instances of `AbstractHFFamily`; filled by `itde.interop._hf`, which imports them all)."""
+
+
 def _converted_by(field: str) -> str:
     """The families that convert `field` (the nearest supported ones for a model that sets
     it), as a sentence; empty when none does."""
-    from ._hf import HF_FAMILIES  # the registry imports the families: read it when refusing
-
     families = {getattr(f, "base_family", f) for f in HF_FAMILIES.values()}  # heads: their base
     names = sorted({type(f).__name__ for f in families if field in f.fields})
     if not names:
