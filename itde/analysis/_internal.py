@@ -9,6 +9,7 @@ of its globals.
 """
 
 import importlib as _importlib
+from typing import Any as _Any
 
 #: name -> the module (relative to `itde.analysis`) that defines it; a name mapped to "" is the
 #: module `itde.analysis.<name>` itself.
@@ -26,7 +27,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:  # a name or a module: typed as anything
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
