@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._buckets import PowerOfTwoBuckets
 from .._continuum import refuse_not_smooth
-from .._equation import TransformerIDE
+from .._equation import TransformerIDE, _batch_output
 from .._operators._affine import FeatureAffine
 from .._operators._layernorm import LayerNormProjection
 from .._operators._mask import key_mask
 from .._roles import kernel
+from .._token_padding import has_tracer, run_on_tokens, take_rows
 from ._positions import AbsolutePositions, AbstractPositions
 
 
@@ -205,8 +207,58 @@ class HFTransformer(eqx.Module):
                 f"`input_ids` must be a batch [batch, tokens], got shape {np.shape(input_ids)}; "
                 "for one sequence call the model itself."
             )
+        if _concrete(self, input_ids, attention_mask) and np.shape(input_ids)[0] > 0:
+            ids = self._host_ids(input_ids)
+            if ids is not None:  # the embedding inside the solve's bucketed program
+                mask = None
+                if attention_mask is not None:
+                    mask = key_mask(attention_mask, ids.shape[1])
+                    if mask.shape != ids.shape:
+                        raise ValueError(
+                            f"`mask` must have shape [batch, tokens] = {ids.shape}, got "
+                            f"{mask.shape}."
+                        )
+                return self._run_embedded(_embedded_batch, ids, mask)
         u0 = jax.vmap(self.embed)(jnp.asarray(input_ids))
         return self.equation.batch(u0, attention_mask)
+
+    def _host_ids(self, ids):
+        """Concrete ids `[batch, tokens]` on the host, checked as `embed` checks a row (a
+        `ValueError` naming the fault); None where `embed` must see them (no token, not
+        integers, or more tokens than the position table holds: it names each)."""
+        host = np.asarray(ids)
+        n = host.shape[-1]
+        if n == 0 or not np.issubdtype(host.dtype, np.integer):
+            return None
+        if self.max_tokens is not None and n > self.max_tokens:
+            return None
+        return _in_range("input_ids", host, self.word_embeddings.shape[0])
+
+    def _run_embedded(self, fn, ids, mask):
+        """`fn(equation, ids, mask, self)` through `itde.programs`, padded to the token
+        buckets where the equation allows it and the position table holds the bucket (the
+        embedding and the solve in one program, so a new length in a bucket compiles
+        nothing: `jax.vmap(self.embed)` ran eager operations at each new shape)."""
+        n = ids.shape[1]
+        buckets = PowerOfTwoBuckets()
+        if self.max_tokens is not None and buckets.size(n) > self.max_tokens:
+            buckets = None  # the padded rows would have no position: one program at n
+        return run_on_tokens(
+            fn, self.equation, ids, mask, self, axis=1, batch=ids.shape[0], buckets=buckets,
+            cut=lambda out, k: take_rows(out, k, 1),
+        )  # fmt: skip
+
+
+def _concrete(*trees) -> bool:
+    """No leaf is a tracer and no argument a torch tensor (those take `embed`'s path)."""
+    torch = any(type(x).__module__.startswith("torch") for x in jax.tree.leaves(trees))
+    return not torch and not has_tracer(*trees)
+
+
+def _embedded_batch(equation: TransformerIDE, ids, mask, model: HFTransformer):
+    """`model.batch(ids, mask)` as one program: the embedding (ids checked on the host) and
+    the batched solve (`equation` may be `model.equation` on padded tokens)."""
+    return _batch_output(equation, jax.vmap(model._embed)(ids), mask)
 
 
 def _ids(name: str, ids, n_rows: int):
@@ -230,10 +282,15 @@ def _ids(name: str, ids, n_rows: int):
     if traced:
         bad = (ids < 0) | (ids >= n_rows)
         return eqx.error_if(ids, jnp.any(bad), f"`{name}` holds ids outside [0, {n_rows}).")
+    return jnp.asarray(_in_range(name, ids, n_rows))
+
+
+def _in_range(name: str, ids: np.ndarray, n_rows: int) -> np.ndarray:
+    """Concrete ids (on the host) checked against the embedding table's `n_rows` rows."""
     bad = (ids < 0) | (ids >= n_rows)
     if bad.any():
         raise ValueError(
             f"`{name}` holds ids outside [0, {n_rows}) (the embedding table's rows), e.g. "
-            f"{int(ids[np.argmax(bad)])}."
+            f"{int(ids.flat[np.argmax(bad)])}."
         )
-    return jnp.asarray(ids)
+    return ids
