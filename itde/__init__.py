@@ -101,7 +101,6 @@ if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the 
         Fused,
     )
     from ._operators._experts import (  # noqa: F401
-        ROUTERS,
         AbstractRouting,
         MixtureOfExperts,
         RenormalisedTopK,
