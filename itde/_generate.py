@@ -56,7 +56,7 @@ from ._kv_cache import (
 )
 from ._programs import programs
 from ._quadrature._rules import AbstractQuadrature
-from ._sampling import draw_token
+from ._next_token import draw_token
 
 #: The smallest window bucket (tokens); buckets are the powers of two from it.
 MIN_BUCKET = 512

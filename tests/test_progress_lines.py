@@ -16,7 +16,7 @@ from itde._internal import Stages, estimate_line, format_duration, stage_line
 from itde.cli import main
 from itde.cli._internal import _model_study
 from itde.studies import model_depth_study
-from itde.studies._internal import _model
+from itde.studies._internal import _model_study as _model
 
 
 class Clock:

@@ -66,7 +66,7 @@ def _transformers(z, temperature, top_k, top_p, *, stable=False):
 
 def test_the_order_is_that_of_generate():
     """The installed `generate` adds the warpers as temperature, top-k, top-p (the order
-    `_transformers` and `itde._sampling` follow), and only with `do_sample`."""
+    `_transformers` and `itde._next_token` follow), and only with `do_sample`."""
     source = inspect.getsource(tf.GenerationMixin._get_logits_processor)
     at = [source.index(f"{name}(") for name in
           ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")]  # fmt: skip

@@ -33,7 +33,7 @@ from .._kv_cache import NotCacheableError, check_cacheable
 from .._operators._precision import contract, wide
 from .._operators._softcap import SoftCap, check_score_cap
 from .._roles import kernel
-from .._sampling import _scalar, check_filters, check_filters_sample, is_real
+from .._next_token import _scalar, check_filters, check_filters_sample, is_real
 from .._solve import solve
 from . import _hf_glue as g
 from ._hf_family import AbstractHFFamily, check_weights

@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the same names, imported eagerly for type checkers and the API docs
     from ._depth import format_table, run_depth_study, write_outputs  # noqa: F401
     from ._grid import run_grid_study  # noqa: F401
-    from ._model import format_model_study, model_depth_study, write_model_study  # noqa: F401
+    from ._model_study import format_model_study, model_depth_study, write_model_study  # noqa: F401
 
 #: The public names, each with the module that defines it.
 _EXPORTS = {
-    "format_model_study": "._model",
+    "format_model_study": "._model_study",
     "format_table": "._depth",
-    "model_depth_study": "._model",
+    "model_depth_study": "._model_study",
     "run_depth_study": "._depth",
     "run_grid_study": "._grid",
-    "write_model_study": "._model",
+    "write_model_study": "._model_study",
     "write_outputs": "._depth",
 }
 __all__ = list(_EXPORTS)

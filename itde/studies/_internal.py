@@ -17,7 +17,7 @@ _EXPORTS = {
     # modules, for the tests that patch one of their globals
     "_depth": "",
     "_grid": "",
-    "_model": "",
+    "_model_study": "",
     # the schema of `itde converge`
     "AXES": "._converge_config",
     "ConvergeExperiment": "._converge_config",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "GridProblem": "._grid",
     "build_problem": "._depth",
     "figure_study": "._depth",
-    "order_check": "._model",
+    "order_check": "._model_study",
 }
 
 

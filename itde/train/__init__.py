@@ -24,7 +24,7 @@
   `export_hf`, their names before, still work for one release and warn.
 """
 
-from .._sampling import IncrementalDecoder, warp_logits
+from .._next_token import IncrementalDecoder, warp_logits
 from ._checkpoint import CheckpointError
 from ._checkpoint import load as load_checkpoint
 from ._checkpoint import read_meta as read_checkpoint_meta
@@ -56,7 +56,7 @@ from ._optim import make_optimizer, make_schedule, make_step
 from ._run import Run, place
 from ._sample import TokenDecoder, sample, sample_stream
 from ._sharding import MIN_SHARD_SIZE, fsdp_spec, make_mesh, shard
-from ._task import AbstractTask, AbstractTokenTask
+from ._abstract_task import AbstractTask, AbstractTokenTask
 from ._tasks import TASKS, Burgers, CharLM, Sort, TextLM, build_model
 
 __all__ = [

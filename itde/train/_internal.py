@@ -46,7 +46,7 @@ _EXPORTS = {
     # sampling, plots, the layout over devices
     "FILTER_NAMES": "._sample",
     "_check": "._sample",
-    "figure_metrics": "._plot",
+    "figure_metrics": "._loss_plot",
     "fsdp_sharding": "._sharding",
     "to_host": "._sharding",
 }

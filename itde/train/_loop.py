@@ -189,7 +189,7 @@ def _diverged(error, step: int, last: dict, cfg) -> FloatingPointError:
 
 def _finish(out: Path, total: int, task, saved: bool) -> list[str]:
     """The loss curve of the run's metrics, and every file the run wrote."""
-    from ._plot import plot_metrics
+    from ._loss_plot import plot_metrics
 
     plot_metrics(_read_metrics(out / "metrics.jsonl", total), out / "loss_curve.png", task)
     files = [out / "metrics.jsonl", out / "loss_curve.png"]

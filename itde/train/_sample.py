@@ -27,7 +27,7 @@ from .._generate import AbstractDecoder, check_cache, generate_rows, window_leng
 from .._generate import cacheable as engine_cacheable
 from .._kv_cache import check_cacheable
 from .._registry import scheme as scheme_named
-from .._sampling import IncrementalDecoder, _scalar, check_filters, check_filters_sample
+from .._next_token import IncrementalDecoder, _scalar, check_filters, check_filters_sample
 from ._model import TokenModel, integrate
 
 #: how the sampler's errors name its filters (the flags of `itde sample`)

@@ -18,7 +18,7 @@ from .._config import ConfigError, positive
 from ..data import BurgersTask, CharCorpus, SortTask, builtin_text_path, relative_l2
 from ..data._sort import accuracy
 from ._model import cross_entropy, init_field_model
-from ._task import AbstractTask, AbstractTokenTask
+from ._abstract_task import AbstractTask, AbstractTokenTask
 from ._textlm import TextLM
 
 _MAX_DAMPING = 11.5  # exp(-11.5) ~ 1e-5

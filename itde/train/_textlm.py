@@ -15,7 +15,7 @@ from .._config import ConfigError, positive
 from ..data import TokenCorpus, builtin_text_path, tokenizer_from_json
 from ..data._tokenizers import HF_TOKENIZER, TOKENIZER_KINDS, HFTokenizer
 from ._model import cross_entropy
-from ._task import AbstractTokenTask
+from ._abstract_task import AbstractTokenTask
 
 
 def _check_cache_dir(path: str) -> None:

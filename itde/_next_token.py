@@ -106,7 +106,7 @@ def _warp(logits, temperature, top_k, floor):
 def draw_token(logits: Float[Array, " vocab"], key: PRNGKeyArray, temperature, top_k, floor):
     """Traced: the next token, `argmax(logits)` where `temperature == 0`, else a draw from
     `categorical(key, ...)` of the warped logits (`top_k`, `floor` of
-    [`check_filters`][itde._sampling.check_filters]). With the filters off a draw is
+    [`check_filters`][itde._next_token.check_filters]). With the filters off a draw is
     `categorical(key, logits / T)`."""
     greedy = jnp.argmax(logits).astype(jnp.int32)
     positive = temperature > 0
