@@ -71,3 +71,24 @@ def test_a_bucket_past_the_position_table_runs_at_the_length_itself(gpt2):
         ours.batch(bad, mask)
     with pytest.raises(ValueError, match=r"has 49 tokens, more than the 48"):
         ours.batch(np.zeros((1, 49), np.int64))
+
+
+def test_the_head_at_new_lengths_of_a_bucket_compiles_nothing():
+    """`HFCausalLM.project` of concrete states runs one program per token bucket (the head
+    acts token by token): eager, each new length compiled its einsum, bias and cap."""
+    config = tf.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=16, n_layer=1,
+                           n_head=2, attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(1)
+    model = tf.GPT2LMHeadModel(config).double().eval()
+    lm = itde.from_hf(model)
+    h = np.random.RandomState(2).normal(size=(2, 32, 16))
+    lm.project(h[:, :17]), lm.project(h[0, :17])  # the 32 bucket's programs, each rank
+    with itde.count_compilations() as c:
+        outs = {n: lm.project(h[:, :n]) for n in (18, 25, 32)}
+        one = lm.project(h[0, :20])  # one sequence [tokens, features]: the same bucket
+    assert c.count == 0, c.count
+    w = model.lm_head.weight.detach().numpy()
+    for n, out in outs.items():
+        assert out.shape == (2, n, VOCAB)
+        np.testing.assert_allclose(out, h[:, :n] @ w.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(one, h[0, :20] @ w.T, rtol=1e-12, atol=1e-12)

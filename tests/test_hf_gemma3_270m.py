@@ -105,6 +105,7 @@ def _compare(model, lm, ids):
     return err
 
 
+@pytest.mark.slow  # about 80 s on 2 cores, most of it transformers' GGUF loader
 def test_the_packaged_model_is_gemma3_270m_and_converts_exactly(gemma):
     """The config read from the GGUF file (unedited, its metadata included) is Gemma 3
     270M's, converted as such; the logits at 49 tokens equal transformers'."""

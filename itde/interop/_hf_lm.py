@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .._buckets import PowerOfTwoBuckets
 from .._generate import (
     AbstractDecoder,
     check_cache,
@@ -30,11 +31,13 @@ from .._generate import (
     window_length,
 )
 from .._kv_cache import NotCacheableError, check_cacheable
+from .._next_token import _scalar, check_filters, check_filters_sample, is_real
 from .._operators._precision import contract, wide
 from .._operators._softcap import SoftCap, check_score_cap
+from .._programs import programs
 from .._roles import kernel
-from .._next_token import _scalar, check_filters, check_filters_sample, is_real
 from .._solve import solve
+from .._token_padding import has_tracer, pad_rows, take_rows
 from . import _hf_glue as g
 from ._hf_family import AbstractHFFamily, check_weights
 from ._hf_model import HFTransformer
@@ -187,6 +190,11 @@ def _loss_function64(self):
     return loss
 
 
+def _project(lm: HFCausalLM, h):
+    """`lm.project(h)` in the caller's trace (a module-level function: the program's key)."""
+    return lm._project(h)
+
+
 class HFCausalLM(eqx.Module):
     r"""A Hugging Face causal language model as an equation and a head: the hidden states
     $u(T)$ of `base` (an [`HFTransformer`][itde.HFTransformer]) mapped to the logits
@@ -256,7 +264,17 @@ class HFCausalLM(eqx.Module):
     # ------------------------------------------------------------------ logits
     def project(self, h: Float[Array, "*tokens features"]) -> Float[Array, "*tokens vocab"]:
         """The head applied to hidden states: $h\\,W^\\top + b$ (soft-capped by `logit_cap`
-        when set), in `h`'s dtype."""
+        when set), in `h`'s dtype. Concrete states of two or more axes are padded on the
+        host to the power-of-two bucket of their token axis (`-2`) and projected by one
+        program per bucket (the head acts token by token), so a new length compiles
+        nothing; under a trace it is part of the caller's program."""
+        if np.ndim(h) >= 2 and not has_tracer(self, h):
+            n = int(np.shape(h)[-2])
+            padded = pad_rows(h, PowerOfTwoBuckets().size(n), -2) if n else h
+            return take_rows(programs(_project, self, padded), n, -2)
+        return _project(self, h)
+
+    def _project(self, h):
         w = self.base.word_embeddings if self.head is None else self.head
         out = contract("...d,vd->...v", h, w)
         out = out if self.head_bias is None else out + self.head_bias.astype(out.dtype)
