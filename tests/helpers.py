@@ -1,5 +1,7 @@
 """Registries shared by the conformance tests: every rule added here is covered."""
 
+import numpy as np
+
 import itde
 
 QUADRATURES = dict(itde.RULES)  # name -> rule class
@@ -96,3 +98,44 @@ def _check_layer_solvers() -> None:
 
 
 _check_layer_solvers()
+
+
+def padding_masks(n: int, rows) -> np.ndarray:
+    """Attention masks `[len(rows), n]` of 0/1: each row `(kind, k)` is unpadded
+    (`"none"`), or has its first (`"left"`) or last (`"right"`) `min(k, n - 1)` tokens
+    padded."""
+    import numpy as np
+
+    masks = np.ones((len(rows), n), np.int64)
+    for mask, (kind, k) in zip(masks, rows, strict=True):
+        k = min(k, n - 1)
+        if kind == "left":
+            mask[:k] = 0
+        elif kind == "right":
+            mask[n - k :] = 0
+    return masks
+
+
+def padding_rows(max_n: int):
+    """The Hypothesis strategy of one row's padding for `padding_masks`."""
+    from hypothesis import strategies as st
+
+    return st.tuples(st.sampled_from(["none", "left", "right"]), st.integers(1, max_n))
+
+
+def check_causal_lm_logits(model, lm, n, rows, *, vocab: int, tol: float, seed=0) -> float:
+    """A converted causal LM's logits (`lm.project(lm.base.batch(...))`) against the
+    transformers `model`'s in float64, on the real tokens of `n` random ids per row padded
+    as `rows` say: the error relative to the largest reference logit, asserted <= `tol`."""
+    import jax.numpy as jnp
+    import torch
+
+    masks = padding_masks(n, rows)
+    ids = np.random.RandomState(seed).randint(4, vocab, size=masks.shape)
+    ours = np.asarray(lm.project(lm.base.batch(jnp.asarray(ids), jnp.asarray(masks))))
+    with torch.no_grad(), itde.interop.hf_float64():
+        ref = model(torch.as_tensor(ids), attention_mask=torch.as_tensor(masks)).logits.numpy()
+    real = masks == 1
+    err = np.max(np.abs(ours[real] - ref[real])) / np.max(np.abs(ref[real]))
+    assert err <= tol, (n, rows, err)
+    return err

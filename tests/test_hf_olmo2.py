@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from helpers import spread_hf_weights
+from helpers import check_causal_lm_logits, padding_rows, spread_hf_weights
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
@@ -41,30 +41,11 @@ def pair():
     return model, itde.from_hf(model)
 
 
-def _masks(n, rows):
-    masks = np.ones((len(rows), n), np.int64)
-    for mask, (kind, k) in zip(masks, rows, strict=True):
-        k = min(k, n - 1)
-        if kind == "left":
-            mask[:k] = 0
-        elif kind == "right":
-            mask[n - k :] = 0
-    return masks
-
-
 def _check(model, lm, n, rows, seed=0):
-    masks = _masks(n, rows)
-    ids = np.random.RandomState(seed).randint(4, VOCAB, size=masks.shape)
-    ours = np.asarray(lm.project(lm.base.batch(jnp.asarray(ids), jnp.asarray(masks))))
-    with torch.no_grad(), itde.interop.hf_float64():
-        ref = model(torch.as_tensor(ids), attention_mask=torch.as_tensor(masks)).logits.numpy()
-    real = masks == 1
-    err = np.max(np.abs(ours[real] - ref[real])) / np.max(np.abs(ref[real]))
-    assert err <= TOL, (n, rows, err)
-    return err
+    return check_causal_lm_logits(model, lm, n, rows, vocab=VOCAB, tol=TOL, seed=seed)
 
 
-PADDING = st.tuples(st.sampled_from(["none", "left", "right"]), st.integers(1, MAX_N))
+PADDING = padding_rows(MAX_N)
 
 
 @settings(phases=[Phase.explicit])
