@@ -139,3 +139,28 @@ def check_causal_lm_logits(model, lm, n, rows, *, vocab: int, tol: float, seed=0
     err = np.max(np.abs(ours[real] - ref[real])) / np.max(np.abs(ref[real]))
     assert err <= tol, (n, rows, err)
     return err
+
+
+def hf_logits(model, ids, mask) -> np.ndarray:
+    """A transformers causal LM's logits of a batch `ids` with attention `mask`, float64
+    (inside `itde.interop.hf_float64()`)."""
+    import torch
+
+    with torch.no_grad(), itde.interop.hf_float64():
+        out = model(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
+    return out.logits.numpy()
+
+
+def relative_error(ours, ref) -> float:
+    """The largest absolute difference relative to the largest reference value."""
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def padded_window(ids, n: int, side: str, length: int):
+    """`ids` (length >= n) as a window of `length` tokens: n real ones, padded left or right;
+    returns (row, mask)."""
+    row = np.zeros(length, np.int64)
+    mask = np.zeros(length, np.int64)
+    real = slice(length - n, length) if side == "left" else slice(0, n)
+    row[real], mask[real] = ids[:n], 1
+    return row, mask

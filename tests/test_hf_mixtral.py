@@ -23,6 +23,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as tf
+from helpers import hf_logits as _hf_logits
+from helpers import relative_error as _rel
 from helpers import spread_hf_weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,16 +48,6 @@ def mixtral():
     torch.manual_seed(0)
     model = spread_hf_weights(tf.MixtralForCausalLM(config)).double().eval()
     return model, itde.from_hf(model)
-
-
-def _hf_logits(model, ids, mask):
-    with torch.no_grad(), itde.interop.hf_float64():
-        out = model(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
-    return out.logits.numpy()
-
-
-def _rel(ours, ref):
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
 # ---------------------------------------------------------------- the operator

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from helpers import spread_hf_weights
+from helpers import hf_logits as _hf_logits
+from helpers import padded_window, spread_hf_weights
+from helpers import relative_error as _rel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,23 +54,8 @@ def qwen2_moe():
     return model, itde.from_hf(model)
 
 
-def _hf_logits(model, ids, mask):
-    with torch.no_grad(), itde.interop.hf_float64():
-        out = model(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
-    return out.logits.numpy()
-
-
-def _rel(ours, ref):
-    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-
-
 def _padded(ids, n, side, length=L):
-    """`ids` (length >= n) as a window of `length` tokens: n real ones, padded left or right."""
-    row = np.zeros(length, np.int64)
-    mask = np.zeros(length, np.int64)
-    real = slice(length - n, length) if side == "left" else slice(0, n)
-    row[real], mask[real] = ids[:n], 1
-    return row, mask
+    return padded_window(ids, n, side, length)
 
 
 def test_the_converted_layers_are_mixtures_with_a_gated_shared_expert(qwen2_moe):
