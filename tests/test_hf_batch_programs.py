@@ -92,3 +92,10 @@ def test_the_head_at_new_lengths_of_a_bucket_compiles_nothing():
         assert out.shape == (2, n, VOCAB)
         np.testing.assert_allclose(out, h[:, :n] @ w.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(one, h[0, :20] @ w.T, rtol=1e-12, atol=1e-12)
+
+
+def test_a_mask_of_another_shape_is_named(gpt2):
+    _, ours = gpt2
+    ids, mask = _inputs(9)
+    with pytest.raises(ValueError, match=r"`attention_mask` must have shape \[batch, tokens\]"):
+        ours.batch(ids, mask[:1])

@@ -215,7 +215,7 @@ class HFTransformer(eqx.Module):
                     mask = key_mask(attention_mask, ids.shape[1])
                     if mask.shape != ids.shape:
                         raise ValueError(
-                            f"`mask` must have shape [batch, tokens] = {ids.shape}, got "
+                            f"`attention_mask` must have shape [batch, tokens] = {ids.shape}, got "
                             f"{mask.shape}."
                         )
                 return self._run_embedded(_embedded_batch, ids, mask)
